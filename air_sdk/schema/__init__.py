@@ -1,0 +1,67 @@
+"""The wire contract: pydantic models every boundary speaks. Imports nothing else of air_sdk."""
+
+from air_sdk.schema.api import (
+    AttemptList,
+    AttemptRecord,
+    BundleInfo,
+    ErrorBody,
+    FailureInfo,
+    GpuInfo,
+    Health,
+    Inventory,
+    JobList,
+    JobRecord,
+    LogLine,
+    LogPage,
+    MetricRow,
+    MetricsPage,
+    NodeInfo,
+)
+from air_sdk.schema.events import (
+    AttemptChange,
+    Event,
+    EventType,
+    MetricPoint,
+    NodeAssignment,
+    Placement,
+    RankExit,
+    StateChange,
+    WorkerReport,
+)
+from air_sdk.schema.snapshot import JobSnapshot
+from air_sdk.schema.spec import API_VERSION, CheckpointSpec, JobSpec, Resources
+from air_sdk.schema.state import TERMINAL_STATES, JobState
+
+__all__ = [
+    "API_VERSION",
+    "TERMINAL_STATES",
+    "AttemptChange",
+    "AttemptList",
+    "AttemptRecord",
+    "BundleInfo",
+    "CheckpointSpec",
+    "ErrorBody",
+    "Event",
+    "EventType",
+    "FailureInfo",
+    "GpuInfo",
+    "Health",
+    "Inventory",
+    "JobList",
+    "JobRecord",
+    "JobSnapshot",
+    "JobSpec",
+    "JobState",
+    "LogLine",
+    "LogPage",
+    "MetricPoint",
+    "MetricRow",
+    "MetricsPage",
+    "NodeAssignment",
+    "NodeInfo",
+    "Placement",
+    "RankExit",
+    "Resources",
+    "StateChange",
+    "WorkerReport",
+]

@@ -1,0 +1,154 @@
+"""Request and response bodies of the gateway's HTTP API (`/v1/...`).
+
+Routes (all but `/v1/health` need `Authorization: Bearer <token>`):
+
+| method | path                                         | body / query            | answer       |
+|--------|----------------------------------------------|-------------------------|--------------|
+| GET    | /v1/health                                   |                         | Health       |
+| HEAD   | /v1/bundles/{sha256}                         |                         | 200 / 404    |
+| PUT    | /v1/bundles/{sha256}                         | tar.gz bytes            | BundleInfo   |
+| POST   | /v1/jobs  (header Idempotency-Key)           | JobSpec                 | JobRecord    |
+| GET    | /v1/jobs                                     | ?state=&limit=          | JobList      |
+| GET    | /v1/jobs/{id}                                |                         | JobRecord    |
+| POST   | /v1/jobs/{id}/cancel                         |                         | JobRecord    |
+| GET    | /v1/jobs/{id}/attempts                       |                         | AttemptList  |
+| GET    | /v1/jobs/{id}/events                         | ?after=&limit=&wait=    | EventPage    |
+| GET    | /v1/jobs/{id}/events/stream                  | ?after= / Last-Event-ID | SSE of Event |
+| GET    | /v1/jobs/{id}/logs                           | ?rank=&attempt=&tail=   | LogPage      |
+| GET    | /v1/jobs/{id}/metrics                        | ?name=&rank=            | MetricsPage  |
+| POST   | /v1/jobs/{id}/attempts/{n}/report            | WorkerReport (worker)   | 204          |
+| GET    | /v1/cluster                                  |                         | Inventory    |
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from air_sdk.schema.events import Event, Placement, RankExit
+from air_sdk.schema.spec import JobSpec
+from air_sdk.schema.state import JobState
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Health(_Wire):
+    status: Literal["ok"] = "ok"
+    version: str
+
+
+class BundleInfo(_Wire):
+    sha256: str
+    size: int
+    num_files: int
+
+
+class FailureInfo(_Wire):
+    """Why an attempt (and so perhaps the job) failed: the first failing rank."""
+
+    attempt: int
+    reason: str
+    rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    log_tail: list[str] = Field(default_factory=list)
+    rank_exits: list[RankExit] = Field(default_factory=list)
+
+
+class JobRecord(_Wire):
+    """A job as the gateway knows it."""
+
+    id: str
+    tenant: str
+    name: str
+    state: JobState
+    state_reason: str = ""
+    spec: JobSpec
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    attempt: int = 0
+    num_restarts: int = 0
+    failure: FailureInfo | None = None
+    cancel_requested: bool = False
+    queue_position: int | None = None
+
+
+class JobList(_Wire):
+    jobs: list[JobRecord]
+
+
+class AttemptRecord(_Wire):
+    job_id: str
+    attempt: int
+    placement: Placement
+    started_at: float
+    ended_at: float | None = None
+    reason: str = ""
+    failure: FailureInfo | None = None
+    resumed_from_step: int | None = None
+
+
+class AttemptList(_Wire):
+    attempts: list[AttemptRecord]
+
+
+class EventPage(_Wire):
+    events: list[Event]
+    #: pass as `after` to get the next page
+    last_seq: int
+    state: JobState
+
+
+class LogLine(_Wire):
+    attempt: int
+    rank: int
+    text: str
+
+
+class LogPage(_Wire):
+    lines: list[LogLine]
+    last_seq: int
+
+
+class MetricRow(_Wire):
+    attempt: int
+    rank: int
+    step: int
+    ts: float
+    values: dict[str, float]
+
+
+class MetricsPage(_Wire):
+    points: list[MetricRow]
+
+
+class GpuInfo(_Wire):
+    index: int
+    name: str = ""
+    memory_mib: int = 0
+
+
+class NodeInfo(_Wire):
+    name: str
+    pool: str = "default"
+    slots: int
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    used_slots: int = 0
+    used_gpus: list[int] = Field(default_factory=list)
+    healthy: bool = True
+    jobs: list[str] = Field(default_factory=list)
+
+
+class Inventory(_Wire):
+    nodes: list[NodeInfo]
+
+
+class ErrorBody(_Wire):
+    """The body of every error answer: `detail` says what to change."""
+
+    detail: str

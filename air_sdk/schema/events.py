@@ -1,0 +1,134 @@
+"""The per-job, append-only event log: what every reader (CLI, SDK, widget) folds.
+
+Each event has a per-job sequence number starting at 1 with no gaps, so a reader
+that reconnects asks for `after=<last seq it saw>` and misses nothing.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from air_sdk.schema.state import JobState
+
+MAX_POINTS_PER_REPORT = 10_000
+MAX_LOG_LINES_PER_REPORT = 10_000
+MAX_LOG_LINE_CHARS = 16_384
+
+
+class EventType(str, Enum):
+    STATE = "state"  # data: StateChange
+    ATTEMPT = "attempt"  # data: AttemptChange
+    METRICS = "metrics"  # data: {"points": [MetricPoint...]}, rank set
+    LOG = "log"  # data: {"lines": [str...]}, rank set
+    RANK_EXIT = "rank_exit"  # data: RankExit, rank set
+    CHECKPOINT = "checkpoint"  # data: checkpoint commit (resilience)
+
+
+class Event(BaseModel):
+    """One entry of a job's event log.
+
+    Example:
+        >>> Event(seq=1, job_id="j", ts=0.0, type="state", data={"state": "QUEUED"}).type
+        <EventType.STATE: 'state'>
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq: int = Field(ge=1)
+    job_id: str
+    ts: float
+    type: EventType
+    attempt: int | None = None
+    rank: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class StateChange(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: JobState
+    previous: JobState | None = None
+    reason: str = ""
+
+
+class NodeAssignment(BaseModel):
+    """One node of a placement: which node, how many rank slots and which GPUs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str
+    slots: int = Field(ge=1)
+    gpus: tuple[int, ...] = ()
+
+
+class Placement(BaseModel):
+    """Where a job runs: one assignment per job node, all granted at once (gang)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    nodes: tuple[NodeAssignment, ...]
+    pool: str = "default"
+
+
+class AttemptChange(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempt: int
+    phase: Literal["started", "ended"]
+    placement: Placement | None = None
+    reason: str = ""
+    resumed_from_step: int | None = None
+
+
+class MetricPoint(BaseModel):
+    """One `air.log(step=..., **values)` call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    ts: float
+    values: dict[str, float]
+
+
+class RankExit(BaseModel):
+    """How one rank's process ended, as seen by its supervisor."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int
+    exit_code: int | None = None
+    signal: str | None = None
+    oom_killed: bool = False
+    tail: list[str] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def describe(self) -> str:
+        if self.signal:
+            how = f"killed by {self.signal}" + (" (out of memory)" if self.oom_killed else "")
+        else:
+            how = f"exit code {self.exit_code}"
+        return f"rank {self.rank} {how}"
+
+
+class WorkerReport(BaseModel):
+    """What a rank (its runtime or its supervisor) posts to the gateway, batched.
+
+    Posted to `POST /v1/jobs/{job_id}/attempts/{attempt}/report` with the
+    attempt's worker token. Any subset of the fields may be set.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0)
+    points: list[MetricPoint] = Field(default_factory=list, max_length=MAX_POINTS_PER_REPORT)
+    lines: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES_PER_REPORT)
+    exit: RankExit | None = None
+    heartbeat_step: int | None = None
+    dropped_points: int = Field(0, ge=0, description="Points dropped on the worker (buffer full).")

@@ -1,0 +1,177 @@
+"""JobSpec: what a user asks for. Validated on the client, again on the gateway."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+API_VERSION = "air/v1"
+
+#: Env names the runtime owns; a user may not set them.
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+MAX_ENV_VARS = 256
+MAX_ARGS = 1024
+MAX_ARG_CHARS = 8192
+MAX_INLINE_CODE_BYTES = 1 << 20
+
+Priority = Literal["low", "normal", "high"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Resources(_Frozen):
+    """How much of the cluster one job takes: `nodes` distinct nodes, each running
+    `procs_per_node` ranks, with `gpus_per_node` GPUs each (0 on CPU).
+
+    Example:
+        >>> Resources(nodes=2, procs_per_node=1).world_size
+        2
+    """
+
+    nodes: int = Field(1, ge=1, le=4096, description="Distinct nodes (gang-scheduled).")
+    procs_per_node: int = Field(1, ge=1, le=256, description="Ranks per node.")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 runs on CPU.")
+
+    @model_validator(mode="after")
+    def _gpus_cover_ranks(self) -> Resources:
+        if self.gpus_per_node and self.procs_per_node not in (1, self.gpus_per_node):
+            # One rank per GPU is the only layout torchrun users expect.
+            raise ValueError(
+                f"procs_per_node={self.procs_per_node} does not match gpus_per_node="
+                f"{self.gpus_per_node}: give one rank per GPU (omit procs_per_node)"
+            )
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus_per_node or self.procs_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+class CheckpointSpec(_Frozen):
+    """Where and how often the job checkpoints (used by `air_sdk.runtime.checkpoint`)."""
+
+    dir: str | None = Field(None, description="Local path or fsspec URL; default: under the job.")
+    every_steps: int | None = Field(None, ge=1, description="Hint for the training loop.")
+    keep: int = Field(3, ge=1, le=1000, description="Committed checkpoints to keep.")
+
+
+class JobSpec(_Frozen):
+    """A training job. Exactly one of `entrypoint` (a script in the bundle) or
+    `code` (inline Python, e.g. a notebook cell) is set.
+
+    Example:
+        >>> spec = JobSpec(name="mnist", entrypoint="train.py", resources=Resources(nodes=2))
+        >>> spec.resources.world_size
+        2
+    """
+
+    api_version: Literal["air/v1"] = API_VERSION
+    name: str = Field("job", description="A label for people; 1-63 of [A-Za-z0-9._-].")
+    entrypoint: str | None = Field(None, description="Script path, relative to the bundle root.")
+    code: str | None = Field(None, description="Inline Python source run on every rank.")
+    args: list[str] = Field(default_factory=list, description="argv after the script.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra env for every rank.")
+    resources: Resources = Field(default_factory=Resources)
+    pool: str = Field("default", description="Pool to run in; 'any' lets the scheduler choose.")
+    priority: Priority = "normal"
+    max_restarts: int = Field(0, ge=0, le=1000, description="Relaunches after a failure.")
+    timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit of the whole job.")
+    startup_timeout_s: float = Field(
+        300, gt=0, description="Launch to first sign of life of every node before failing."
+    )
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(
+                f"name {v!r} must be 1-63 characters of letters, digits, '.', '_' or '-',"
+                " starting with a letter or digit"
+            )
+        return v
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_ok(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.strip():
+            raise ValueError("entrypoint is empty: give a script path such as train.py")
+        if v.startswith("/") or ".." in v.replace("\\", "/").split("/"):
+            raise ValueError(
+                f"entrypoint {v!r} must be a path inside the bundle (relative, no '..')"
+            )
+        return v
+
+    @field_validator("code")
+    @classmethod
+    def _code_ok(cls, v: str | None) -> str | None:
+        if v is not None and len(v.encode()) > MAX_INLINE_CODE_BYTES:
+            raise ValueError(
+                f"inline code is {len(v.encode())} bytes; the limit is {MAX_INLINE_CODE_BYTES}:"
+                " put it in a file and submit the file"
+            )
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _args_ok(cls, v: list[str]) -> list[str]:
+        if len(v) > MAX_ARGS:
+            raise ValueError(f"{len(v)} args; the limit is {MAX_ARGS}")
+        for a in v:
+            if len(a) > MAX_ARG_CHARS or "\x00" in a:
+                raise ValueError(f"an arg is over {MAX_ARG_CHARS} characters or holds a NUL byte")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_ENV_VARS:
+            raise ValueError(f"{len(v)} env vars; the limit is {MAX_ENV_VARS}")
+        for k, val in v.items():
+            if not _ENV_NAME.match(k):
+                raise ValueError(f"env name {k!r} is not a valid variable name")
+            if k in RESERVED_ENV or k.startswith("AIR_"):
+                raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
+            if "\x00" in val or len(val) > MAX_ARG_CHARS:
+                raise ValueError(f"env {k} is over {MAX_ARG_CHARS} characters or holds a NUL")
+        return v
+
+    @field_validator("bundle_sha256")
+    @classmethod
+    def _sha_ok(cls, v: str | None) -> str | None:
+        if v is not None and not _SHA256.match(v):
+            raise ValueError("bundle_sha256 must be 64 lowercase hex digits")
+        return v
+
+    @model_validator(mode="after")
+    def _one_program(self) -> JobSpec:
+        if (self.entrypoint is None) == (self.code is None):
+            raise ValueError("give exactly one of entrypoint (a script) or code (inline Python)")
+        return self
