@@ -37,7 +37,9 @@ _END = {JobState.FAILED, JobState.CANCELLED}
 ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.SCHEDULED} | _END),
     JobState.SCHEDULED: frozenset({JobState.STARTING, JobState.QUEUED} | _END),
-    JobState.STARTING: frozenset({JobState.RUNNING, JobState.RESTARTING, JobState.SUCCEEDED} | _END),
+    JobState.STARTING: frozenset(
+        {JobState.RUNNING, JobState.RESTARTING, JobState.SUCCEEDED} | _END
+    ),
     JobState.RUNNING: frozenset({JobState.RESTARTING, JobState.SUCCEEDED} | _END),
     # RESTARTING -> QUEUED when the job must wait for capacity again.
     JobState.RESTARTING: frozenset({JobState.STARTING, JobState.QUEUED} | _END),

@@ -1,0 +1,373 @@
+"""HTTP routes: translate a request into one store/runner call and the answer back."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+import air_sdk
+from air_sdk.bundle import DEFAULT_MAX_BYTES, unpack_bundle
+from air_sdk.errors import BundleError
+from air_sdk.gateway.app import CtxDep, Principal, PrincipalDep, bearer_token, get_ctx
+from air_sdk.runner.service import job_request
+from air_sdk.scheduler import fits_ever
+from air_sdk.schema import (
+    AttemptList,
+    BundleInfo,
+    EventPage,
+    EventType,
+    GpuInfo,
+    Health,
+    Inventory,
+    JobList,
+    JobRecord,
+    JobSpec,
+    JobState,
+    LogLine,
+    LogPage,
+    MetricRow,
+    MetricsPage,
+    NodeInfo,
+    WorkerReport,
+)
+from air_sdk.store import IdempotencyConflict
+
+router = APIRouter(prefix="/v1")
+worker_router = APIRouter(prefix="/v1")
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
+MAX_IDEMPOTENCY_KEY = 200
+SSE_POLL_S = 0.1
+
+
+def _job_or_404(ctx: CtxDep, principal: Principal, job_id: str) -> JobRecord:
+    job = ctx.store.get_job(job_id, tenant=principal.tenant) if _JOB_ID.match(job_id) else None
+    if job is None:
+        raise HTTPException(404, f"no job {job_id!r}: list yours with `air jobs`")
+    return job
+
+
+def _with_queue_position(ctx: CtxDep, job: JobRecord) -> JobRecord:
+    if job.state is not JobState.QUEUED:
+        return job
+    return job.model_copy(update={"queue_position": ctx.store.queue_position(job.id)})
+
+
+def _sha_or_400(sha256: str) -> str:
+    if not _SHA256.match(sha256):
+        raise HTTPException(400, "a bundle id is the sha256 of its bytes: 64 lowercase hex digits")
+    return sha256
+
+
+@router.get("/health", response_model=Health)
+def health() -> Health:
+    return Health(version=air_sdk.__version__)
+
+
+# ---- bundles ------------------------------------------------------------------------------
+
+
+@router.head("/bundles/{sha256}")
+def has_bundle(sha256: str, ctx: CtxDep, principal: PrincipalDep) -> Response:
+    found = ctx.store.get_bundle(principal.tenant, _sha_or_400(sha256))
+    return Response(status_code=200 if found else 404)
+
+
+@router.put("/bundles/{sha256}", response_model=BundleInfo, status_code=201)
+async def put_bundle(
+    sha256: str, request: Request, ctx: CtxDep, principal: PrincipalDep
+) -> BundleInfo:
+    _sha_or_400(sha256)
+    existing = ctx.store.get_bundle(principal.tenant, sha256)
+    if existing is not None:
+        return BundleInfo(sha256=sha256, size=existing["size"], num_files=existing["num_files"])
+    ctx.bundles_dir.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    fd, tmp = tempfile.mkstemp(dir=ctx.bundles_dir, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > DEFAULT_MAX_BYTES:
+                    raise HTTPException(
+                        413,
+                        f"the bundle is over {DEFAULT_MAX_BYTES >> 20} MiB: add large files"
+                        " to .airignore and read them from shared storage",
+                    )
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != sha256:
+            raise HTTPException(400, "the uploaded bytes do not hash to the sha256 in the URL")
+        num_files = await run_in_threadpool(_check_bundle, tmp)
+        final = ctx.bundles_dir / f"{sha256}.tar.gz"
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    ctx.store.add_bundle(principal.tenant, sha256, size, num_files, str(final))
+    return BundleInfo(sha256=sha256, size=size, num_files=num_files)
+
+
+def _check_bundle(path: str) -> int:
+    """Unpack into a scratch dir, so a malicious archive is refused at upload."""
+    scratch = tempfile.mkdtemp(prefix="air-bundle-check-")
+    try:
+        return unpack_bundle(Path(path), Path(scratch) / "x")
+    except BundleError as exc:
+        raise HTTPException(400, f"bundle refused: {exc}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ---- jobs ---------------------------------------------------------------------------------
+
+
+@router.post("/jobs", response_model=JobRecord, status_code=201)
+def submit(
+    spec: JobSpec,
+    response: Response,
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> JobRecord:
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+        raise HTTPException(400, f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters")
+    if spec.entrypoint is not None and spec.bundle_sha256 is None:
+        raise HTTPException(
+            400, "an entrypoint job needs its code: upload a bundle and set bundle_sha256"
+        )
+    if spec.bundle_sha256 and ctx.store.get_bundle(principal.tenant, spec.bundle_sha256) is None:
+        raise HTTPException(
+            400, f"bundle {spec.bundle_sha256} was not uploaded: PUT it to /v1/bundles first"
+        )
+    never = fits_ever(job_request("new", spec), ctx.runner.backend.inventory())
+    if never is not None:
+        raise HTTPException(400, never)
+    try:
+        job, created = ctx.store.create_job(
+            spec, tenant=principal.tenant, idempotency_key=idempotency_key
+        )
+    except IdempotencyConflict as exc:
+        raise HTTPException(
+            422, "this Idempotency-Key was used with a different job spec: use a new key"
+        ) from exc
+    if created:
+        ctx.runner.wake()
+    else:
+        response.status_code = 200
+    return _with_queue_position(ctx, job)
+
+
+@router.get("/jobs", response_model=JobList)
+def list_jobs(
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JobList:
+    jobs = ctx.store.list_jobs(
+        tenant=principal.tenant, states=(state,) if state else None, limit=limit
+    )
+    return JobList(jobs=[_with_queue_position(ctx, j) for j in jobs])
+
+
+@router.get("/jobs/{job_id}", response_model=JobRecord)
+def get_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
+    return _with_queue_position(ctx, _job_or_404(ctx, principal, job_id))
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobRecord)
+def cancel_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
+    job = _job_or_404(ctx, principal, job_id)
+    if job.state.terminal:
+        return job  # cancelling an ended job is a no-op, not an error
+    job = ctx.store.request_cancel(job_id)
+    ctx.runner.wake()
+    return job
+
+
+@router.get("/jobs/{job_id}/attempts", response_model=AttemptList)
+def list_attempts(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> AttemptList:
+    _job_or_404(ctx, principal, job_id)
+    return AttemptList(attempts=ctx.store.list_attempts(job_id))
+
+
+@router.get("/jobs/{job_id}/events", response_model=EventPage)
+async def events_page(
+    job_id: str,
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    wait: Annotated[float, Query(ge=0, le=60, description="Long-poll seconds")] = 0,
+) -> EventPage:
+    job = await run_in_threadpool(_job_or_404, ctx, principal, job_id)
+    deadline = asyncio.get_running_loop().time() + wait
+    while ctx.store.last_seq(job_id) <= after and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(SSE_POLL_S)
+    events = await run_in_threadpool(ctx.store.read_events, job_id, after=after, limit=limit)
+    job = ctx.store.get_job(job_id) or job
+    return EventPage(events=events, last_seq=events[-1].seq if events else after, state=job.state)
+
+
+@router.get("/jobs/{job_id}/events/stream", response_class=EventSourceResponse)
+async def events_stream(
+    job_id: str,
+    request: Request,
+    principal: PrincipalDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> AsyncIterator[ServerSentEvent]:
+    """Every event after `after` (or the Last-Event-ID a reconnecting client sends),
+    then new ones as they happen; the stream ends once the job has ended."""
+    ctx = get_ctx(request)
+    await run_in_threadpool(_job_or_404, ctx, principal, job_id)
+    if last_event_id and last_event_id.isdigit():
+        after = max(after, int(last_event_id))
+    while True:
+        if ctx.store.last_seq(job_id) > after:
+            events = await run_in_threadpool(ctx.store.read_events, job_id, after=after, limit=1000)
+            for e in events:
+                yield ServerSentEvent(data=e.model_dump(mode="json"), id=str(e.seq), event="event")
+                after = e.seq
+            continue
+        job = await run_in_threadpool(ctx.store.get_job, job_id)
+        if job is None or (job.state.terminal and ctx.store.last_seq(job_id) <= after):
+            return
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(SSE_POLL_S)
+
+
+@router.get("/jobs/{job_id}/logs", response_model=LogPage)
+def job_logs(
+    job_id: str,
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    rank: Annotated[int | None, Query(ge=0)] = None,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+    tail: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> LogPage:
+    _job_or_404(ctx, principal, job_id)
+    events = ctx.store.read_events(
+        job_id,
+        after=after,
+        types=(EventType.LOG,),
+        rank=rank,
+        attempt=attempt,
+        limit=100_000 if tail is None else tail,
+        newest_first=tail is not None,
+    )
+    if tail is not None:
+        events.reverse()
+    lines = [
+        LogLine(attempt=e.attempt or 0, rank=e.rank or 0, text=text)
+        for e in events
+        for text in e.data.get("lines", [])
+    ]
+    if tail is not None:
+        lines = lines[-tail:]
+    return LogPage(lines=lines, last_seq=events[-1].seq if events else after)
+
+
+@router.get("/jobs/{job_id}/metrics", response_model=MetricsPage)
+def job_metrics(
+    job_id: str,
+    ctx: CtxDep,
+    principal: PrincipalDep,
+    name: str | None = None,
+    rank: Annotated[int | None, Query(ge=0)] = None,
+) -> MetricsPage:
+    _job_or_404(ctx, principal, job_id)
+    rows = []
+    for e in ctx.store.read_events(job_id, types=(EventType.METRICS,), rank=rank, limit=1_000_000):
+        for p in e.data.get("points", []):
+            values = p["values"]
+            if name is not None:
+                if name not in values:
+                    continue
+                values = {name: values[name]}
+            rows.append(
+                MetricRow(
+                    attempt=e.attempt or 0,
+                    rank=e.rank or 0,
+                    step=p["step"],
+                    ts=p["ts"],
+                    values=values,
+                )
+            )
+    return MetricsPage(points=rows)
+
+
+@router.get("/cluster", response_model=Inventory)
+def cluster(ctx: CtxDep, principal: PrincipalDep) -> Inventory:
+    held = ctx.runner.held_placements()
+    nodes = []
+    for n in ctx.runner.backend.inventory():
+        mine = [(p.job_id, a) for p in held for a in p.nodes if a.node == n.name]
+        nodes.append(
+            NodeInfo(
+                name=n.name,
+                pool=n.pool,
+                slots=n.slots,
+                gpus=[GpuInfo(index=g) for g in n.gpus],
+                used_slots=sum(a.slots for _, a in mine),
+                used_gpus=sorted(g for _, a in mine for g in a.gpus),
+                healthy=n.healthy,
+                jobs=sorted({j for j, _ in mine}),
+            )
+        )
+    return Inventory(nodes=nodes)
+
+
+# ---- workers ------------------------------------------------------------------------------
+
+
+@worker_router.post("/jobs/{job_id}/attempts/{attempt}/report", status_code=204)
+async def worker_report(job_id: str, attempt: int, request: Request) -> Response:
+    """Batched metrics, log lines, heartbeats and exits from one rank, authenticated by
+    the attempt's worker token; posts of an older attempt are fenced off (409)."""
+    ctx = get_ctx(request)
+    token = bearer_token(request)
+    if token is None or not _JOB_ID.match(job_id):
+        raise HTTPException(401, "a worker report needs the attempt's AIR_JOB_TOKEN")
+    verdict = await run_in_threadpool(ctx.store.check_worker_token, job_id, attempt, token)
+    if verdict == "invalid":
+        raise HTTPException(401, "the worker token does not belong to this job and attempt")
+    if verdict == "stale":
+        raise HTTPException(409, f"attempt {attempt} is no longer current; stop posting")
+    body = await request.body()
+    try:
+        report = WorkerReport.model_validate_json(body)
+    except ValueError as exc:
+        raise HTTPException(422, f"not a WorkerReport: {exc}") from exc
+    items: list[tuple[EventType, str]] = []
+    if report.points or report.dropped_points:
+        items.append(
+            (EventType.METRICS, report.model_dump_json(include={"points", "dropped_points"}))
+        )
+    if report.lines:
+        items.append((EventType.LOG, report.model_dump_json(include={"lines"})))
+    if report.exit is not None:
+        items.append((EventType.RANK_EXIT, report.exit.model_dump_json()))
+    step = report.heartbeat_step
+    if step is None and report.points:
+        step = report.points[-1].step
+    await run_in_threadpool(
+        ctx.store.append_worker_events, job_id, attempt, report.rank, items, step
+    )
+    return Response(status_code=204)

@@ -1,0 +1,78 @@
+"""The backend seam: how an attempt's nodes are started, watched and stopped.
+
+A backend knows processes (or actors); it knows nothing of job states, restarts
+or the store. The controller asks it to `launch`, `poll` and `terminate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from air_sdk.scheduler import NodeSpec
+from air_sdk.schema import JobSpec, Placement
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a backend needs to start one attempt of a job."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    placement: Placement
+    #: unpacked job code; the working directory of every rank
+    code_dir: Path
+    #: per-attempt scratch: agent logs, rank exit records
+    attempt_dir: Path
+    #: the entrypoint, relative to code_dir
+    entrypoint: str
+    #: env contract values the backend adds to (AIR_JOB_ID, AIR_ATTEMPT, AIR_JOB_TOKEN, ...)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node of an attempt: still running (exit_code None) or exited."""
+
+    node: str
+    exit_code: int | None
+    #: short human description when the node ended abnormally
+    detail: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
+
+
+class AttemptHandle(Protocol):
+    job_id: str
+    attempt: int
+
+
+class Backend(Protocol):
+    """Starts and stops the processes of one attempt. Implementations: local, ray."""
+
+    name: str
+
+    def inventory(self) -> list[NodeSpec]:
+        """The nodes this backend can place jobs on."""
+        ...
+
+    def launch(self, request: LaunchRequest) -> AttemptHandle:
+        """Start every node of the placement; return at once."""
+        ...
+
+    def poll(self, handle: AttemptHandle) -> list[NodeStatus]:
+        """Current status of each node; never blocks."""
+        ...
+
+    def terminate(self, handle: AttemptHandle, grace_s: float) -> None:
+        """Stop every process of the attempt: SIGTERM, then SIGKILL after `grace_s`.
+        Returns when nothing of the attempt is left."""
+        ...
+
+    def node_log_tail(self, handle: AttemptHandle, node: str, num_lines: int = 20) -> list[str]:
+        """The last lines the node's launcher printed (rendezvous errors land here)."""
+        ...

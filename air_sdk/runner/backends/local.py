@@ -1,0 +1,243 @@
+"""Local backend: every node of a placement is a torch elastic agent on this host.
+
+Each node runs `python -m torch.distributed.run` with c10d rendezvous on
+127.0.0.1, in its own session, so a 2-node job on one machine takes exactly the
+code path two machines would. Every rank runs under `air_sdk.runtime.supervise`,
+which captures its output and records how it ended.
+
+torchrun starts workers in their own sessions, so killing an agent's process
+group can orphan them. Teardown therefore kills the whole tree: the agent's
+descendants as seen before the kill, plus every process whose environment
+carries this job's AIR_JOB_ID and attempt (a sweep that also finds re-parented
+orphans), and the supervisor puts a parent-death signal on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
+from air_sdk.runner.devices import local_virtual_nodes
+from air_sdk.scheduler import NodeSpec
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class _Node:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    #: every pid ever seen under this agent; teardown kills them all
+    pids: set[int] = field(default_factory=set)
+
+
+@dataclass
+class LocalAttempt:
+    job_id: str
+    attempt: int
+    rdzv_port: int
+    nodes: list[_Node]
+    attempt_dir: Path
+
+
+class LocalBackend:
+    """Virtual nodes on this machine, each a torchrun agent.
+
+    Example:
+        >>> backend = LocalBackend(num_nodes=2, slots_per_node=1)
+        >>> [n.name for n in backend.inventory()]
+        ['node-0', 'node-1']
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        num_nodes: int = 2,
+        slots_per_node: int | None = None,
+        *,
+        nodes: list[NodeSpec] | None = None,
+    ) -> None:
+        self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
+
+    def inventory(self) -> list[NodeSpec]:
+        return list(self._nodes)
+
+    def launch(self, request: LaunchRequest) -> LocalAttempt:
+        spec = request.spec
+        placement = request.placement
+        port = free_port()
+        request.attempt_dir.mkdir(parents=True, exist_ok=True)
+        attempt = LocalAttempt(request.job_id, request.attempt, port, [], request.attempt_dir)
+        ranks_per_node = spec.resources.ranks_per_node
+        for assignment in placement.nodes:
+            env = dict(os.environ)
+            # Secrets of the gateway's own environment must not leak into jobs.
+            env.pop("AIR_TOKEN", None)
+            env.update(spec.env)
+            env.update(request.env)
+            env.update(
+                {
+                    "AIR_NODE_NAME": assignment.node,
+                    "AIR_ATTEMPT_DIR": str(request.attempt_dir),
+                    "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in assignment.gpus),
+                    # Measured here: a TCPStore shared across attempts lost 3 of 8 restarts.
+                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                    "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
+                    "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                    "PYTHONUNBUFFERED": "1",
+                }
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={len(placement.nodes)}",
+                f"--nproc-per-node={ranks_per_node}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id={request.job_id}-{request.attempt}",
+                "--local-addr=127.0.0.1",
+                "--max-restarts=0",
+                "--monitor-interval=0.1",
+                "-m",
+                "air_sdk.runtime.supervise",
+                request.entrypoint,
+                *spec.args,
+            ]
+            log_path = request.attempt_dir / f"{assignment.node}.agent.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=request.code_dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            attempt.nodes.append(_Node(assignment.node, proc, log_path, {proc.pid}))
+        return attempt
+
+    def poll(self, handle: LocalAttempt) -> list[NodeStatus]:  # type: ignore[override]
+        statuses = []
+        for node in handle.nodes:
+            self._remember_tree(node)
+            code = node.proc.poll()
+            detail = ""
+            if code is not None and code < 0:
+                detail = f"agent killed by {signal.Signals(-code).name}"
+            statuses.append(NodeStatus(node.name, code, detail))
+        return statuses
+
+    def terminate(self, handle: LocalAttempt, grace_s: float = 5.0) -> None:  # type: ignore[override]
+        for node in handle.nodes:
+            self._remember_tree(node)
+        # SIGTERM the agents: torchrun forwards it to its workers and the supervisor
+        # forwards it to the rank, so a training script can save on SIGTERM.
+        for node in handle.nodes:
+            if node.proc.poll() is None:
+                _signal(node.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self._alive_pids(handle):
+            time.sleep(0.05)
+        for _ in range(3):
+            left = self._alive_pids(handle)
+            if not left:
+                break
+            for pid in left:
+                _signal(pid, signal.SIGKILL)
+            psutil.wait_procs([_proc(p) for p in left if _proc(p)], timeout=5)
+        for node in handle.nodes:
+            try:
+                node.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def node_log_tail(self, handle: LocalAttempt, node: str, num_lines: int = 20) -> list[str]:  # type: ignore[override]
+        for n in handle.nodes:
+            if n.name == node:
+                try:
+                    with open(n.log_path, errors="replace") as f:
+                        return [line.rstrip("\n") for line in deque(f, maxlen=num_lines)]
+                except OSError:
+                    return []
+        return []
+
+    # -- process tree ------------------------------------------------------------------
+
+    def _remember_tree(self, node: _Node) -> None:
+        try:
+            children = psutil.Process(node.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        node.pids.update(c.pid for c in children)
+
+    def _alive_pids(self, handle: LocalAttempt) -> set[int]:
+        alive = set()
+        for node in handle.nodes:
+            for pid in node.pids:
+                p = _proc(pid)
+                if p is not None and _belongs(p, handle):
+                    alive.add(pid)
+        alive.update(job_processes(handle.job_id, handle.attempt))
+        return alive
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        p = psutil.Process(pid)
+        return None if p.status() == psutil.STATUS_ZOMBIE else p
+    except psutil.Error:
+        return None
+
+
+def _belongs(p: psutil.Process, handle: LocalAttempt) -> bool:
+    """Guard against pid reuse: only kill a pid that still carries this attempt."""
+    try:
+        env = p.environ()
+    except psutil.Error:
+        return False
+    return env.get("AIR_JOB_ID") == handle.job_id and env.get("AIR_ATTEMPT") == str(handle.attempt)
+
+
+def job_processes(job_id: str, attempt: int | None = None) -> set[int]:
+    """Pids of live processes whose environment names this job (and attempt)."""
+    found = set()
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            env = p.environ()
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        if env.get("AIR_JOB_ID") != job_id:
+            continue
+        if attempt is not None and env.get("AIR_ATTEMPT") != str(attempt):
+            continue
+        found.add(p.pid)
+    return found
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,289 @@
+"""One controller per job: the job state machine, carried out.
+
+`step()` does one bounded iteration and returns (previous, next) state, so tests
+can drive it with a fake backend and assert the state after every iteration.
+Decisions come from policy objects (`RestartPolicy`, `diagnose`); the
+controller only acts on them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
+from air_sdk.runner.policy import FailureAction, RestartPolicy, diagnose
+from air_sdk.schema import EventType, FailureInfo, JobRecord, JobState, Placement, RankExit
+from air_sdk.store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+INLINE_ENTRYPOINT = "__air_main__.py"
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Where a job's files live on the gateway host."""
+
+    root: Path
+
+    @property
+    def code(self) -> Path:
+        return self.root / "code"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def attempt(self, n: int) -> Path:
+        return self.root / "attempts" / str(n)
+
+
+class JobController:
+    """Runs one job from SCHEDULED to a terminal state on a backend.
+
+    Example (see tests/unit/runner for a fake backend):
+        >>> ctl = JobController(store, backend, job, placement, paths, gateway_url)  # doctest: +SKIP
+        >>> while not ctl.done:
+        ...     ctl.step()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        store: SqliteStore,
+        backend: Backend,
+        job: JobRecord,
+        placement: Placement,
+        paths: JobPaths,
+        gateway_url: str,
+        *,
+        prepare_code: bool = True,
+        teardown_grace_s: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.job_id = job.id
+        self.tenant = job.tenant
+        self.spec = job.spec
+        self.placement = placement
+        self.paths = paths
+        self.gateway_url = gateway_url
+        self.policy = RestartPolicy(max_restarts=job.spec.max_restarts)
+        self.teardown_grace_s = teardown_grace_s
+        self.state = job.state
+        self.num_restarts = job.num_restarts
+        self.handle: AttemptHandle | None = None
+        self.attempt = job.attempt
+        self.attempt_started = 0.0
+        self.job_started = time.monotonic()
+        self._prepare_code = prepare_code
+        self._code_ready = False
+
+    @property
+    def done(self) -> bool:
+        return self.state.terminal
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def step(self) -> tuple[JobState, JobState]:
+        previous = self.state
+        job = self.store.get_job(self.job_id)
+        assert job is not None
+        if job.state.terminal:  # ended elsewhere (e.g. an admin); make sure nothing runs
+            self._teardown()
+            self.state = job.state
+            return previous, self.state
+        if job.cancel_requested:
+            self._teardown()
+            self._end_attempt("cancelled by user")
+            self._move(JobState.CANCELLED, "cancelled by user")
+            return previous, self.state
+        if self.state in (JobState.SCHEDULED, JobState.RESTARTING):
+            self._launch()
+        elif self.state in (JobState.STARTING, JobState.RUNNING):
+            self._watch()
+        return previous, self.state
+
+    def abort(self, reason: str) -> None:
+        """Stop every process of the job and fail it with `reason` (runner shutdown,
+        an internal error). Safe to call whatever state the controller is in."""
+        self._teardown()
+        if self.state.terminal:
+            return
+        failure = FailureInfo(attempt=self.attempt, reason=reason)
+        self._end_attempt(reason, failure)
+        self._move(JobState.FAILED, reason, failure)
+
+    # -- actions -------------------------------------------------------------------------
+
+    def _move(self, state: JobState, reason: str, failure: FailureInfo | None = None) -> None:
+        self.store.transition(self.job_id, state, reason, failure=failure)
+        self.state = state
+
+    def _launch(self) -> None:
+        try:
+            entrypoint = self._ready_code()
+        except Exception as exc:  # a bad bundle fails the job, it never retries
+            failure = FailureInfo(
+                attempt=self.attempt, reason=f"could not prepare the job code: {exc}"
+            )
+            self._move(JobState.FAILED, failure.reason, failure)
+            return
+        self.attempt, token = self.store.start_attempt(self.job_id, self.placement)
+        attempt_dir = self.paths.attempt(self.attempt)
+        env = {
+            "AIR_JOB_ID": self.job_id,
+            "AIR_ATTEMPT": str(self.attempt),
+            "AIR_GATEWAY_URL": self.gateway_url,
+            "AIR_JOB_TOKEN": token,
+            "AIR_CHECKPOINT_DIR": self.spec.checkpoint.dir or str(self.paths.checkpoints),
+        }
+        request = LaunchRequest(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            spec=self.spec,
+            placement=self.placement,
+            code_dir=self.paths.code,
+            attempt_dir=attempt_dir,
+            entrypoint=entrypoint,
+            env=env,
+        )
+        self.attempt_started = time.monotonic()
+        self._move(
+            JobState.STARTING,
+            f"attempt {self.attempt} launching on "
+            + ", ".join(a.node for a in self.placement.nodes),
+        )
+        self.handle = self.backend.launch(request)
+
+    def _watch(self) -> None:
+        assert self.handle is not None
+        nodes = self.backend.poll(self.handle)
+        if nodes and all(n.exit_code == 0 for n in nodes):
+            self._end_attempt("succeeded")
+            self._move(JobState.SUCCEEDED, "every rank exited 0")
+            return
+        if any(n.exit_code not in (None, 0) for n in nodes):
+            self._on_failure(nodes)
+            return
+        if self.state is JobState.STARTING and self._all_ranks_reported():
+            self._move(JobState.RUNNING, "every rank is up")
+            return
+        now = time.monotonic()
+        if self.spec.timeout_s is not None and now - self.job_started > self.spec.timeout_s:
+            self._teardown()
+            failure = FailureInfo(
+                attempt=self.attempt,
+                reason=f"the job ran past its timeout of {self.spec.timeout_s:g} s: raise timeout_s",
+            )
+            self._end_attempt(failure.reason, failure)
+            self._move(JobState.FAILED, failure.reason, failure)
+            return
+        if (
+            self.state is JobState.STARTING
+            and now - self.attempt_started > self.spec.startup_timeout_s
+        ):
+            failure = FailureInfo(
+                attempt=self.attempt,
+                reason=f"not every rank started within {self.spec.startup_timeout_s:g} s"
+                " (startup_timeout_s)",
+                log_tail=self._node_tails(self.handle).get(self.placement.nodes[0].node, []),
+            )
+            self._teardown()
+            self._fail_or_restart(failure)
+
+    def _on_failure(self, nodes: list[NodeStatus]) -> None:
+        before = self._rank_exits()
+        handle = self.handle
+        self._teardown()
+        after = self._rank_exits()
+        failure = diagnose(
+            self.attempt,
+            list(before.values()),
+            [e for _, e in after.values()],
+            nodes,
+            self._node_tails(handle),
+        )
+        self._fail_or_restart(failure)
+
+    def _fail_or_restart(self, failure: FailureInfo) -> None:
+        self._end_attempt(failure.reason, failure)
+        decision = self.policy.make_decision(failure, num_restarts=self.num_restarts)
+        if decision.action is FailureAction.RESTART:
+            self.num_restarts += 1
+            self._move(JobState.RESTARTING, decision.reason, failure)
+            if decision.delay_s:
+                time.sleep(decision.delay_s)
+        else:
+            self._move(JobState.FAILED, decision.reason, failure)
+
+    def _teardown(self) -> None:
+        if self.handle is not None:
+            self.backend.terminate(self.handle, self.teardown_grace_s)
+            self.handle = None
+
+    def _end_attempt(self, reason: str, failure: FailureInfo | None = None) -> None:
+        if self.attempt:
+            self.store.end_attempt(self.job_id, self.attempt, reason, failure)
+
+    # -- reading what workers left ---------------------------------------------------------
+
+    def _all_ranks_reported(self) -> bool:
+        return (
+            len(self.store.heartbeats(self.job_id, self.attempt)) >= self.spec.resources.world_size
+        )
+
+    def _rank_exits(self) -> dict[int, tuple[float, RankExit]]:
+        """Rank exits of this attempt: the supervisors' files (written even when the
+        gateway is unreachable) and their events, keyed by rank, with the time seen."""
+        exits: dict[int, tuple[float, RankExit]] = {}
+        for ev in self.store.read_events(
+            self.job_id, types=(EventType.RANK_EXIT,), attempt=self.attempt, limit=10_000
+        ):
+            e = RankExit.model_validate(ev.data)
+            exits[e.rank] = (ev.ts, e)
+        exit_dir = self.paths.attempt(self.attempt) / "exits"
+        if exit_dir.is_dir():
+            for f in exit_dir.glob("rank-*.json"):
+                try:
+                    e = RankExit.model_validate(json.loads(f.read_text()))
+                    ts = f.stat().st_mtime
+                except (OSError, ValueError):
+                    continue
+                if e.rank not in exits or ts < exits[e.rank][0]:
+                    exits[e.rank] = (ts, e)
+        return exits
+
+    def _node_tails(self, handle: AttemptHandle | None) -> dict[str, list[str]]:
+        if handle is None:
+            return {}
+        return {a.node: self.backend.node_log_tail(handle, a.node) for a in self.placement.nodes}
+
+    def _ready_code(self) -> str:
+        """Unpack the bundle once per job; returns the entrypoint relative to the code dir."""
+        if self._prepare_code and not self._code_ready:
+            from air_sdk.bundle import unpack_bundle
+
+            code = self.paths.code
+            if not code.exists():
+                if self.spec.bundle_sha256:
+                    row = self.store.get_bundle(self.tenant, self.spec.bundle_sha256)
+                    if row is None:
+                        raise FileNotFoundError(
+                            f"bundle {self.spec.bundle_sha256} is not on the gateway"
+                        )
+                    unpack_bundle(Path(row["path"]), code, expected_sha256=self.spec.bundle_sha256)
+                else:
+                    code.mkdir(parents=True)
+            if self.spec.code is not None:
+                (code / INLINE_ENTRYPOINT).write_text(self.spec.code)
+            self._code_ready = True
+        if self.spec.code is not None:
+            return INLINE_ENTRYPOINT
+        assert self.spec.entrypoint is not None
+        if self._prepare_code and not (self.paths.code / self.spec.entrypoint).is_file():
+            raise FileNotFoundError(f"entrypoint {self.spec.entrypoint} is not in the bundle")
+        return self.spec.entrypoint

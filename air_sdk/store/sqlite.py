@@ -1,0 +1,562 @@
+"""SQLite control-plane store: the only code in AIR that speaks SQL.
+
+One writer connection behind a lock (SQLite serialises writers anyway) and one
+reader connection per thread (WAL lets readers run beside the writer). Every
+state change and every event append happens in one transaction, so a crash
+never leaves a job whose state and event log disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from air_sdk.schema import (
+    AttemptRecord,
+    Event,
+    EventType,
+    FailureInfo,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Placement,
+)
+from air_sdk.schema.state import check_transition
+
+DEFAULT_TENANT = "default"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tenants (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL REFERENCES tenants(id), role TEXT NOT NULL,
+    name TEXT NOT NULL, token_hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL,
+    revoked_at REAL);
+CREATE TABLE IF NOT EXISTS bundles (
+    tenant TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+    num_files INTEGER NOT NULL, path TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (tenant, sha256));
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,
+    state_reason TEXT NOT NULL DEFAULT '', spec TEXT NOT NULL,
+    idem_key TEXT, idem_hash TEXT,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL, started_at REAL, ended_at REAL,
+    attempt INTEGER NOT NULL DEFAULT 0, num_restarts INTEGER NOT NULL DEFAULT 0,
+    failure TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
+    last_seq INTEGER NOT NULL DEFAULT 0, queue_order INTEGER NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_tenant_created ON jobs(tenant, created_at);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id TEXT NOT NULL, attempt INTEGER NOT NULL, placement TEXT NOT NULL,
+    token_hash TEXT NOT NULL, started_at REAL NOT NULL, ended_at REAL,
+    reason TEXT NOT NULL DEFAULT '', failure TEXT, resumed_from_step INTEGER,
+    PRIMARY KEY (job_id, attempt));
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, type TEXT NOT NULL,
+    attempt INTEGER, rank INTEGER, data TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_type ON events(job_id, type, seq);
+CREATE TABLE IF NOT EXISTS heartbeats (
+    job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
+    step INTEGER, ts REAL NOT NULL, PRIMARY KEY (job_id, attempt, rank)) WITHOUT ROWID;
+"""
+
+ACTIVE_STATES = (
+    JobState.SCHEDULED,
+    JobState.STARTING,
+    JobState.RUNNING,
+    JobState.RESTARTING,
+)
+
+
+def hash_token(token: str) -> str:
+    """Tokens are stored as sha256 digests; they carry 256 random bits, so no salt is needed."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token(prefix: str = "air") -> str:
+    return f"{prefix}_{secrets.token_urlsafe(32)}"
+
+
+def spec_hash(spec: JobSpec) -> str:
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with a different body."""
+
+
+class SqliteStore:
+    """Jobs, attempts, events, bundles index, tenants and tokens.
+
+    Example:
+        >>> store = SqliteStore(":memory:")
+        >>> job, created = store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
+        >>> created, job.state
+        (True, <JobState.QUEUED: 'QUEUED'>)
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._write_lock = threading.RLock()
+        self._local = threading.local()
+        self._memory = self.path == ":memory:"
+        self._writer = self._connect()
+        with self._write_lock:
+            self._writer.executescript(_SCHEMA)
+            self._writer.execute(
+                "INSERT OR IGNORE INTO tenants VALUES (?, ?, ?)",
+                (DEFAULT_TENANT, DEFAULT_TENANT, time.time()),
+            )
+            self._writer.commit()
+        self._queue_order = self._writer.execute(
+            "SELECT COALESCE(MAX(queue_order), 0) FROM jobs"
+        ).fetchone()[0]
+        # Latest seq per job, so waiters poll memory, not SQL.
+        self._last_seq: dict[str, int] = {}
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        if self._memory:
+            return self._writer
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._write_lock:
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._writer
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            self._writer.execute("COMMIT")
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        if self._memory:
+            with self._write_lock:
+                return self._writer.execute(sql, args).fetchall()
+        return self._reader().execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._writer.close()
+
+    # ---- tokens -------------------------------------------------------------------------
+
+    def create_token(
+        self, tenant: str = DEFAULT_TENANT, role: str = "admin", name: str = ""
+    ) -> str:
+        """Create an API token; the plaintext is returned once and stored only hashed."""
+        token = new_token()
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                (uuid.uuid4().hex, tenant, role, name, hash_token(token), time.time()),
+            )
+        return token
+
+    def lookup_token(self, token: str) -> tuple[str, str] | None:
+        """(tenant, role) for a live token, else None. The lookup is by digest, so the
+        comparison never touches the plaintext byte by byte."""
+        rows = self._read(
+            "SELECT tenant, role FROM tokens WHERE token_hash = ? AND revoked_at IS NULL",
+            (hash_token(token),),
+        )
+        return (rows[0]["tenant"], rows[0]["role"]) if rows else None
+
+    def count_tokens(self) -> int:
+        return int(self._read("SELECT COUNT(*) FROM tokens WHERE revoked_at IS NULL")[0][0])
+
+    # ---- bundles ------------------------------------------------------------------------
+
+    def add_bundle(self, tenant: str, sha256: str, size: int, num_files: int, path: str) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR IGNORE INTO bundles VALUES (?, ?, ?, ?, ?, ?)",
+                (tenant, sha256, size, num_files, path, time.time()),
+            )
+
+    def get_bundle(self, tenant: str, sha256: str) -> sqlite3.Row | None:
+        rows = self._read("SELECT * FROM bundles WHERE tenant = ? AND sha256 = ?", (tenant, sha256))
+        return rows[0] if rows else None
+
+    # ---- jobs ---------------------------------------------------------------------------
+
+    def create_job(
+        self, spec: JobSpec, *, tenant: str, idempotency_key: str | None = None
+    ) -> tuple[JobRecord, bool]:
+        """Persist a QUEUED job and its first event. Returns (job, created).
+
+        The same idempotency key with the same spec returns the existing job
+        (created=False); with another spec it raises IdempotencyConflict.
+        """
+        digest = spec_hash(spec)
+        with self._tx() as c:
+            if idempotency_key is not None:
+                row = c.execute(
+                    "SELECT * FROM jobs WHERE tenant = ? AND idem_key = ?",
+                    (tenant, idempotency_key),
+                ).fetchone()
+                if row is not None:
+                    if row["idem_hash"] != digest:
+                        raise IdempotencyConflict(idempotency_key)
+                    return _job_from_row(row), False
+            now = time.time()
+            job_id = f"{spec.name[:24]}-{uuid.uuid4().hex[:8]}"
+            self._queue_order += 1
+            c.execute(
+                "INSERT INTO jobs (id, tenant, name, state, spec, idem_key, idem_hash,"
+                " created_at, updated_at, queue_order) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    job_id,
+                    tenant,
+                    spec.name,
+                    JobState.QUEUED.value,
+                    spec.model_dump_json(),
+                    idempotency_key,
+                    digest,
+                    now,
+                    now,
+                    self._queue_order,
+                ),
+            )
+            self._append(
+                c,
+                job_id,
+                EventType.STATE,
+                {"state": "QUEUED", "previous": None, "reason": "submitted"},
+            )
+            row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _job_from_row(row), True
+
+    def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord | None:
+        """A job by id; with `tenant`, only if it belongs to that tenant."""
+        rows = self._read("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
+            return None
+        return _job_from_row(rows[0])
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        states: tuple[JobState, ...] | None = None,
+        limit: int = 100,
+        oldest_first: bool = False,
+    ) -> list[JobRecord]:
+        sql, args = "SELECT * FROM jobs WHERE 1=1", []
+        if tenant is not None:
+            sql += " AND tenant = ?"
+            args.append(tenant)
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args.extend(s.value for s in states)
+        sql += " ORDER BY queue_order " + ("ASC" if oldest_first else "DESC") + " LIMIT ?"
+        args.append(limit)
+        return [_job_from_row(r) for r in self._read(sql, tuple(args))]
+
+    def transition(
+        self,
+        job_id: str,
+        state: JobState,
+        reason: str = "",
+        *,
+        failure: FailureInfo | None = None,
+        expect: tuple[JobState, ...] | None = None,
+    ) -> JobRecord | None:
+        """Move a job to `state` and log the event, atomically. Returns None (and changes
+        nothing) when the job is not in one of `expect`; raises on an illegal transition."""
+        with self._tx() as c:
+            row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            prev = JobState(row["state"])
+            if expect is not None and prev not in expect:
+                return None
+            check_transition(prev, state)
+            now = time.time()
+            sets = ["state = ?", "state_reason = ?", "updated_at = ?"]
+            args: list[Any] = [state.value, reason, now]
+            if state is JobState.RUNNING and row["started_at"] is None:
+                sets.append("started_at = ?")
+                args.append(now)
+            if state.terminal:
+                sets.append("ended_at = ?")
+                args.append(now)
+            if state is JobState.RESTARTING:
+                sets.append("num_restarts = num_restarts + 1")
+            if failure is not None:
+                sets.append("failure = ?")
+                args.append(failure.model_dump_json())
+            c.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, job_id))
+            self._append(
+                c,
+                job_id,
+                EventType.STATE,
+                {"state": state.value, "previous": prev.value, "reason": reason},
+                attempt=row["attempt"] or None,
+            )
+            row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _job_from_row(row)
+
+    def request_cancel(self, job_id: str) -> JobRecord:
+        """Mark a job for cancellation; a queued job is cancelled at once, an active one by
+        the runner (which must stop its processes first)."""
+        with self._tx() as c:
+            c.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+        self.transition(job_id, JobState.CANCELLED, "cancelled by user", expect=(JobState.QUEUED,))
+        job = self.get_job(job_id)
+        assert job is not None
+        return job
+
+    # ---- attempts -----------------------------------------------------------------------
+
+    def start_attempt(
+        self, job_id: str, placement: Placement, *, resumed_from_step: int | None = None
+    ) -> tuple[int, str]:
+        """Open the next attempt; returns (attempt number, its worker token)."""
+        token = new_token("airw")
+        with self._tx() as c:
+            c.execute("UPDATE jobs SET attempt = attempt + 1 WHERE id = ?", (job_id,))
+            attempt = c.execute("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+            now = time.time()
+            c.execute(
+                "INSERT INTO attempts (job_id, attempt, placement, token_hash, started_at,"
+                " resumed_from_step) VALUES (?,?,?,?,?,?)",
+                (
+                    job_id,
+                    attempt,
+                    placement.model_dump_json(),
+                    hash_token(token),
+                    now,
+                    resumed_from_step,
+                ),
+            )
+            self._append(
+                c,
+                job_id,
+                EventType.ATTEMPT,
+                {
+                    "attempt": attempt,
+                    "phase": "started",
+                    "placement": placement.model_dump(mode="json"),
+                    "resumed_from_step": resumed_from_step,
+                },
+                attempt=attempt,
+            )
+        return attempt, token
+
+    def end_attempt(
+        self, job_id: str, attempt: int, reason: str, failure: FailureInfo | None = None
+    ) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE attempts SET ended_at = ?, reason = ?, failure = ? WHERE job_id = ?"
+                " AND attempt = ? AND ended_at IS NULL",
+                (
+                    time.time(),
+                    reason,
+                    failure.model_dump_json() if failure else None,
+                    job_id,
+                    attempt,
+                ),
+            )
+            self._append(
+                c,
+                job_id,
+                EventType.ATTEMPT,
+                {"attempt": attempt, "phase": "ended", "reason": reason},
+                attempt=attempt,
+            )
+
+    def list_attempts(self, job_id: str) -> list[AttemptRecord]:
+        rows = self._read("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
+        return [
+            AttemptRecord(
+                job_id=r["job_id"],
+                attempt=r["attempt"],
+                placement=Placement.model_validate_json(r["placement"]),
+                started_at=r["started_at"],
+                ended_at=r["ended_at"],
+                reason=r["reason"],
+                failure=FailureInfo.model_validate_json(r["failure"]) if r["failure"] else None,
+                resumed_from_step=r["resumed_from_step"],
+            )
+            for r in rows
+        ]
+
+    def check_worker_token(self, job_id: str, attempt: int, token: str) -> str:
+        """'ok', 'stale' (a real token of an older attempt, or of an ended one: fenced) or
+        'invalid'."""
+        rows = self._read(
+            "SELECT a.attempt, a.ended_at, j.attempt AS current FROM attempts a JOIN jobs j"
+            " ON j.id = a.job_id WHERE a.job_id = ? AND a.token_hash = ?",
+            (job_id, hash_token(token)),
+        )
+        if not rows or rows[0]["attempt"] != attempt:
+            return "invalid"
+        if rows[0]["current"] != attempt:
+            return "stale"
+        return "ok"
+
+    # ---- events -------------------------------------------------------------------------
+
+    def _append(
+        self,
+        c: sqlite3.Connection,
+        job_id: str,
+        etype: EventType,
+        data: dict[str, Any],
+        *,
+        attempt: int | None = None,
+        rank: int | None = None,
+    ) -> int:
+        seq = c.execute(
+            "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", (job_id,)
+        ).fetchone()[0]
+        c.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (job_id, seq, time.time(), etype.value, attempt, rank, json.dumps(data)),
+        )
+        self._last_seq[job_id] = seq
+        return seq
+
+    def append_event(
+        self,
+        job_id: str,
+        etype: EventType,
+        data: dict[str, Any],
+        *,
+        attempt: int | None = None,
+        rank: int | None = None,
+    ) -> int:
+        with self._tx() as c:
+            return self._append(c, job_id, etype, data, attempt=attempt, rank=rank)
+
+    def append_worker_events(
+        self,
+        job_id: str,
+        attempt: int,
+        rank: int,
+        items: list[tuple[EventType, str]],
+        heartbeat_step: int | None,
+    ) -> None:
+        """Append pre-serialised worker events and note the heartbeat, in one transaction.
+        `items` are (type, data JSON) so the hot ingest path serialises once."""
+        now = time.time()
+        with self._tx() as c:
+            for etype, data_json in items:
+                seq = c.execute(
+                    "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
+                    (job_id,),
+                ).fetchone()[0]
+                c.execute(
+                    "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (job_id, seq, now, etype.value, attempt, rank, data_json),
+                )
+                self._last_seq[job_id] = seq
+            c.execute(
+                "INSERT INTO heartbeats VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
+                " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts",
+                (job_id, attempt, rank, heartbeat_step, now),
+            )
+
+    def heartbeats(self, job_id: str, attempt: int) -> dict[int, tuple[int | None, float]]:
+        rows = self._read(
+            "SELECT rank, step, ts FROM heartbeats WHERE job_id = ? AND attempt = ?",
+            (job_id, attempt),
+        )
+        return {r["rank"]: (r["step"], r["ts"]) for r in rows}
+
+    def last_seq(self, job_id: str) -> int:
+        seq = self._last_seq.get(job_id)
+        if seq is None:
+            rows = self._read("SELECT last_seq FROM jobs WHERE id = ?", (job_id,))
+            seq = rows[0][0] if rows else 0
+            self._last_seq[job_id] = seq
+        return seq
+
+    def read_events(
+        self,
+        job_id: str,
+        *,
+        after: int = 0,
+        limit: int = 1000,
+        types: tuple[EventType, ...] | None = None,
+        rank: int | None = None,
+        attempt: int | None = None,
+        newest_first: bool = False,
+    ) -> list[Event]:
+        sql, args = "SELECT * FROM events WHERE job_id = ? AND seq > ?", [job_id, after]
+        if types:
+            sql += f" AND type IN ({','.join('?' * len(types))})"
+            args.extend(t.value for t in types)
+        if rank is not None:
+            sql += " AND rank = ?"
+            args.append(rank)
+        if attempt is not None:
+            sql += " AND attempt = ?"
+            args.append(attempt)
+        sql += f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?"
+        args.append(limit)
+        return [
+            Event(
+                seq=r["seq"],
+                job_id=r["job_id"],
+                ts=r["ts"],
+                type=EventType(r["type"]),
+                attempt=r["attempt"],
+                rank=r["rank"],
+                data=json.loads(r["data"]),
+            )
+            for r in self._read(sql, tuple(args))
+        ]
+
+    def queue_position(self, job_id: str) -> int | None:
+        """1-based position among queued jobs (FIFO by submission), None if not queued."""
+        rows = self._read(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED' AND queue_order <= "
+            "(SELECT queue_order FROM jobs WHERE id = ? AND state = 'QUEUED')",
+            (job_id,),
+        )
+        n = rows[0][0] if rows else 0
+        return n or None
+
+
+def _job_from_row(r: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        id=r["id"],
+        tenant=r["tenant"],
+        name=r["name"],
+        state=JobState(r["state"]),
+        state_reason=r["state_reason"],
+        spec=JobSpec.model_validate_json(r["spec"]),
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+        started_at=r["started_at"],
+        ended_at=r["ended_at"],
+        attempt=r["attempt"],
+        num_restarts=r["num_restarts"],
+        failure=FailureInfo.model_validate_json(r["failure"]) if r["failure"] else None,
+        cancel_requested=bool(r["cancel_requested"]),
+    )

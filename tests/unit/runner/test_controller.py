@@ -1,0 +1,163 @@
+"""The controller driven step by step with a fake backend whose failures the test triggers."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from air_sdk.runner import JobController, JobPaths, RestartPolicy
+from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
+from air_sdk.runner.policy import FailureAction, diagnose
+from air_sdk.scheduler import NodeSpec
+from air_sdk.schema import (
+    EventType,
+    FailureInfo,
+    JobSpec,
+    JobState,
+    NodeAssignment,
+    Placement,
+    RankExit,
+    Resources,
+)
+from air_sdk.store import SqliteStore
+
+
+@dataclass
+class FakeAttempt:
+    job_id: str
+    attempt: int
+    exit_codes: dict[str, int | None]
+    terminated: bool = False
+
+
+@dataclass
+class FakeBackend:
+    name: str = "fake"
+    launches: list[LaunchRequest] = field(default_factory=list)
+    attempts: list[FakeAttempt] = field(default_factory=list)
+
+    def inventory(self):
+        return [NodeSpec("n0", 1), NodeSpec("n1", 1)]
+
+    def launch(self, request):
+        self.launches.append(request)
+        a = FakeAttempt(request.job_id, request.attempt, {n.node: None for n in request.placement.nodes})
+        self.attempts.append(a)
+        return a
+
+    def poll(self, handle):
+        return [NodeStatus(n, c) for n, c in handle.exit_codes.items()]
+
+    def terminate(self, handle, grace_s):
+        handle.terminated = True
+        for n, c in handle.exit_codes.items():
+            if c is None:
+                handle.exit_codes[n] = -15
+
+    def node_log_tail(self, handle, node, num_lines=20):
+        return [f"{node} agent said goodbye"]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return SqliteStore(tmp_path / "air.db")
+
+
+def make(store, tmp_path, **spec_kw):
+    spec = JobSpec(entrypoint="t.py", resources=Resources(nodes=2), **spec_kw)
+    job, _ = store.create_job(spec, tenant="default")
+    job = store.transition(job.id, JobState.SCHEDULED, "placed")
+    placement = Placement(
+        job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1), NodeAssignment(node="n1", slots=1))
+    )
+    backend = FakeBackend()
+    ctl = JobController(
+        store, backend, job, placement, JobPaths(tmp_path / job.id), "http://gw", prepare_code=False
+    )
+    return ctl, backend
+
+
+def rank_up(store, ctl, rank):
+    store.append_worker_events(ctl.job_id, ctl.attempt, rank, [], None)
+
+
+def rank_exit(store, ctl, rank, code=None, sig=None, tail=()):
+    e = RankExit(rank=rank, exit_code=code, signal=sig, tail=list(tail))
+    store.append_worker_events(ctl.job_id, ctl.attempt, rank, [(EventType.RANK_EXIT, e.model_dump_json())], None)
+
+
+def test_happy_path_state_after_every_step(store, tmp_path):
+    ctl, backend = make(store, tmp_path)
+    assert ctl.step() == (JobState.SCHEDULED, JobState.STARTING)
+    env = backend.launches[0].env
+    assert env["AIR_JOB_ID"] == ctl.job_id and env["AIR_ATTEMPT"] == "1" and env["AIR_JOB_TOKEN"]
+    assert ctl.step() == (JobState.STARTING, JobState.STARTING)  # nobody reported yet
+    rank_up(store, ctl, 0)
+    rank_up(store, ctl, 1)
+    assert ctl.step() == (JobState.STARTING, JobState.RUNNING)
+    backend.attempts[0].exit_codes.update(n0=0)
+    assert ctl.step() == (JobState.RUNNING, JobState.RUNNING)  # one node still running
+    backend.attempts[0].exit_codes.update(n1=0)
+    assert ctl.step() == (JobState.RUNNING, JobState.SUCCEEDED)
+    assert ctl.done and store.get_job(ctl.job_id).state is JobState.SUCCEEDED
+    assert store.list_attempts(ctl.job_id)[0].reason == "succeeded"
+
+
+def test_crash_fails_with_rank_code_and_tail(store, tmp_path):
+    ctl, backend = make(store, tmp_path)
+    ctl.step()
+    rank_exit(store, ctl, 1, code=3, tail=["Traceback", "ValueError: bad batch"])
+    backend.attempts[0].exit_codes.update(n1=1)
+    assert ctl.step() == (JobState.STARTING, JobState.FAILED)
+    assert backend.attempts[0].terminated  # the surviving node was stopped
+    failure = store.get_job(ctl.job_id).failure
+    assert (failure.rank, failure.exit_code) == (1, 3)
+    assert failure.log_tail[-1] == "ValueError: bad batch"
+    assert "max_restarts is 0" in store.get_job(ctl.job_id).state_reason
+
+
+def test_restart_budget_then_clear_reason(store, tmp_path):
+    ctl, backend = make(store, tmp_path, max_restarts=1)
+    ctl.step()
+    rank_exit(store, ctl, 0, sig="SIGKILL")
+    backend.attempts[0].exit_codes.update(n0=1)
+    assert ctl.step() == (JobState.STARTING, JobState.RESTARTING)
+    assert ctl.step() == (JobState.RESTARTING, JobState.STARTING)
+    assert backend.launches[1].attempt == 2
+    rank_exit(store, ctl, 0, sig="SIGKILL")
+    backend.attempts[1].exit_codes.update(n0=1)
+    assert ctl.step() == (JobState.STARTING, JobState.FAILED)
+    job = store.get_job(ctl.job_id)
+    assert job.num_restarts == 1 and job.attempt == 2
+    assert "raise --max-restarts" in job.state_reason
+    assert [a.attempt for a in store.list_attempts(ctl.job_id)] == [1, 2]
+
+
+def test_lost_node_without_rank_exit(store, tmp_path):
+    ctl, backend = make(store, tmp_path)
+    ctl.step()
+    backend.attempts[0].exit_codes.update(n1=-9)
+    ctl.step()
+    failure = store.get_job(ctl.job_id).failure
+    assert failure.reason.startswith("node n1 lost")
+    assert failure.log_tail == ["n1 agent said goodbye"]
+
+
+def test_cancel_stops_processes_then_cancels(store, tmp_path):
+    ctl, backend = make(store, tmp_path)
+    ctl.step()
+    store.request_cancel(ctl.job_id)
+    assert ctl.step() == (JobState.STARTING, JobState.CANCELLED)
+    assert backend.attempts[0].terminated
+
+
+def test_policy_decisions():
+    f = FailureInfo(attempt=1, reason="rank 0 exit code 1")
+    assert RestartPolicy(2).make_decision(f, num_restarts=1).action is FailureAction.RESTART
+    assert RestartPolicy(2).make_decision(f, num_restarts=2).action is FailureAction.FAIL
+
+
+def test_diagnose_blames_the_first_rank_to_fail_not_its_victims():
+    first = RankExit(rank=1, exit_code=7, tail=["boom"])
+    victim = RankExit(rank=0, exit_code=1, tail=["Connection closed by peer"])
+    info = diagnose(1, [(2.0, victim), (1.0, first)], [first, victim], [], {})
+    assert info.rank == 1 and info.exit_code == 7 and info.log_tail == ["boom"]

@@ -1,0 +1,97 @@
+import threading
+
+import pytest
+
+from air_sdk.schema import EventType, JobSpec, JobState, NodeAssignment, Placement
+from air_sdk.store import IdempotencyConflict, SqliteStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path / "air.db")
+    yield s
+    s.close()
+
+
+def spec(**kw):
+    return JobSpec(entrypoint="train.py", **kw)
+
+
+def test_same_idempotency_key_returns_the_same_job(store):
+    a, created_a = store.create_job(spec(), tenant="default", idempotency_key="k1")
+    b, created_b = store.create_job(spec(), tenant="default", idempotency_key="k1")
+    assert created_a and not created_b and a.id == b.id
+    assert len(store.list_jobs()) == 1
+
+
+def test_same_key_other_body_is_refused(store):
+    store.create_job(spec(), tenant="default", idempotency_key="k1")
+    with pytest.raises(IdempotencyConflict):
+        store.create_job(spec(max_restarts=2), tenant="default", idempotency_key="k1")
+
+
+def test_every_transition_is_an_event_with_gapless_seq(store):
+    job, _ = store.create_job(spec(), tenant="default")
+    store.transition(job.id, JobState.SCHEDULED, "placed")
+    store.start_attempt(job.id, Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),)))
+    store.transition(job.id, JobState.STARTING, "launch")
+    store.transition(job.id, JobState.RUNNING, "up")
+    store.transition(job.id, JobState.SUCCEEDED, "done")
+    events = store.read_events(job.id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    states = [e.data["state"] for e in events if e.type is EventType.STATE]
+    assert states == ["QUEUED", "SCHEDULED", "STARTING", "RUNNING", "SUCCEEDED"]
+    assert store.get_job(job.id).ended_at is not None
+    # a terminal state is final
+    with pytest.raises(ValueError):
+        store.transition(job.id, JobState.RUNNING, "again")
+
+
+def test_worker_tokens_are_fenced_by_attempt(store):
+    job, _ = store.create_job(spec(), tenant="default")
+    p = Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),))
+    a1, t1 = store.start_attempt(job.id, p)
+    assert store.check_worker_token(job.id, a1, t1) == "ok"
+    assert store.check_worker_token(job.id, a1, "nope") == "invalid"
+    a2, t2 = store.start_attempt(job.id, p)
+    assert store.check_worker_token(job.id, a1, t1) == "stale"
+    assert store.check_worker_token(job.id, a2, t2) == "ok"
+    assert store.check_worker_token(job.id, a2, t1) == "invalid"
+
+
+def test_tokens_are_stored_hashed(store, tmp_path):
+    token = store.create_token(role="admin")
+    assert store.lookup_token(token) == ("default", "admin")
+    assert token.encode() not in (tmp_path / "air.db").read_bytes()
+
+
+def test_tenants_see_only_their_jobs(store):
+    job, _ = store.create_job(spec(), tenant="default")
+    assert store.get_job(job.id, tenant="other") is None
+    assert store.list_jobs(tenant="other") == []
+
+
+def test_concurrent_appends_keep_seq_gapless(store):
+    job, _ = store.create_job(spec(), tenant="default")
+
+    def worker(rank):
+        for _ in range(50):
+            store.append_worker_events(job.id, 1, rank, [(EventType.LOG, '{"lines": ["x"]}')], None)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = [e.seq for e in store.read_events(job.id, limit=10_000)]
+    assert seqs == list(range(1, 202))
+    assert store.last_seq(job.id) == 201
+
+
+def test_queue_position_is_fifo(store):
+    a, _ = store.create_job(spec(), tenant="default")
+    b, _ = store.create_job(spec(), tenant="default")
+    assert store.queue_position(a.id) == 1 and store.queue_position(b.id) == 2
+    store.request_cancel(a.id)
+    assert store.get_job(a.id).state is JobState.CANCELLED
+    assert store.queue_position(b.id) == 1
