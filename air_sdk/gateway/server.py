@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import requests
 
 from air_sdk.config import DEFAULT_PORT, air_home, write_client_config
@@ -115,13 +116,27 @@ def serve(opts: GatewayOptions) -> None:
             pass
 
 
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; reaps it when it is our own exited child (a zombie)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: ask the kernel below
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def running_gateway(home: Path) -> GatewayProcess | None:
     """The detached gateway recorded in `home`, if its process is alive."""
     try:
         state = json.loads((home / STATE_FILE).read_text())
         pid, url = int(state["pid"]), str(state["url"])
-        os.kill(pid, 0)
     except (OSError, ValueError, KeyError):
+        return None
+    if not _alive(pid):
         return None
     token = (home / TOKEN_FILE).read_text().strip() if (home / TOKEN_FILE).exists() else ""
     return GatewayProcess(pid=pid, url=url, token=token, log_path=home / LOG_FILE)
@@ -187,11 +202,9 @@ def stop_detached(home: Path, timeout_s: float = 30) -> bool:
     os.kill(gw.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(gw.pid, 0)
-        except OSError:
+        if not _alive(gw.pid):
             break
-        time.sleep(0.1)
+        time.sleep(0.05)
     else:
         os.kill(gw.pid, signal.SIGKILL)
     (home / STATE_FILE).unlink(missing_ok=True)

@@ -1,0 +1,44 @@
+"""A real gateway (subprocess, free port, temp home) with the local backend: 2 virtual
+nodes of 1 slot each, so a 2-node x 1-rank job fills the machine."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from air_sdk.client import Client
+from air_sdk.gateway.server import GatewayOptions, start_detached, stop_detached
+from air_sdk.runner.backends.local import free_port
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    home = tmp_path_factory.mktemp("air-home")
+    opts = GatewayOptions(
+        port=free_port(), home=home, num_nodes=2, slots_per_node=1, write_client_config=False
+    )
+    gw = start_detached(opts)
+    client = Client(gw.url, gw.token)
+    client.home = home  # type: ignore[attr-defined]
+    yield client
+    stop_detached(home)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Callable[[str, str], Path]:
+    """Write a training script into a fresh directory; returns the directory."""
+
+    def write(source: str, name: str = "train.py") -> Path:
+        (tmp_path / name).write_text(textwrap.dedent(source))
+        return tmp_path
+
+    return write
+
+
+@pytest.fixture(autouse=True)
+def _quiet_threads() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
