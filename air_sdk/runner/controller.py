@@ -22,6 +22,8 @@ from air_sdk.store import SqliteStore
 log = logging.getLogger(__name__)
 
 INLINE_ENTRYPOINT = "__air_main__.py"
+#: after every rank exited 0, how long launchers get to leave on their own
+SUCCESS_EXIT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -162,9 +164,12 @@ class JobController:
     def _watch(self) -> None:
         assert self.handle is not None
         nodes = self.backend.poll(self.handle)
-        if nodes and all(n.exit_code == 0 for n in nodes):
+        if (nodes and all(n.exit_code == 0 for n in nodes)) or self._all_ranks_succeeded():
             self._end_attempt("succeeded")
             self._move(JobState.SUCCEEDED, "every rank exited 0")
+            # The ranks' work is done; launchers leave their exit barrier on their own
+            # within a second or so (a SIGTERM there can hang one on a dead store).
+            self._teardown(wait_first_s=SUCCESS_EXIT_WAIT_S)
             return
         if any(n.exit_code not in (None, 0) for n in nodes):
             self._on_failure(nodes)
@@ -220,9 +225,9 @@ class JobController:
         else:
             self._move(JobState.FAILED, decision.reason, failure)
 
-    def _teardown(self) -> None:
+    def _teardown(self, wait_first_s: float = 0.0) -> None:
         if self.handle is not None:
-            self.backend.terminate(self.handle, self.teardown_grace_s)
+            self.backend.terminate(self.handle, self.teardown_grace_s, wait_first_s=wait_first_s)
             self.handle = None
 
     def _end_attempt(self, reason: str, failure: FailureInfo | None = None) -> None:
@@ -230,6 +235,12 @@ class JobController:
             self.store.end_attempt(self.job_id, self.attempt, reason, failure)
 
     # -- reading what workers left ---------------------------------------------------------
+
+    def _all_ranks_succeeded(self) -> bool:
+        exits = self._rank_exits()
+        return len(exits) >= self.spec.resources.world_size and all(
+            e.ok for _, e in exits.values()
+        )
 
     def _all_ranks_reported(self) -> bool:
         return (

@@ -68,9 +68,10 @@ class Backend(Protocol):
         """Current status of each node; never blocks."""
         ...
 
-    def terminate(self, handle: AttemptHandle, grace_s: float) -> None:
-        """Stop every process of the attempt: SIGTERM, then SIGKILL after `grace_s`.
-        Returns when nothing of the attempt is left."""
+    def terminate(self, handle: AttemptHandle, grace_s: float, *, wait_first_s: float = 0.0) -> None:
+        """Stop every process of the attempt: wait up to `wait_first_s` for it to end on
+        its own, then SIGTERM, then SIGKILL after `grace_s`. Returns when nothing of the
+        attempt is left."""
         ...
 
     def node_log_tail(self, handle: AttemptHandle, node: str, num_lines: int = 20) -> list[str]:

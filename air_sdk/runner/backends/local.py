@@ -145,9 +145,14 @@ class LocalBackend:
             statuses.append(NodeStatus(node.name, code, detail))
         return statuses
 
-    def terminate(self, handle: LocalAttempt, grace_s: float = 5.0) -> None:  # type: ignore[override]
+    def terminate(  # type: ignore[override]
+        self, handle: LocalAttempt, grace_s: float = 5.0, *, wait_first_s: float = 0.0
+    ) -> None:
         for node in handle.nodes:
             self._remember_tree(node)
+        deadline = time.monotonic() + wait_first_s
+        while time.monotonic() < deadline and any(n.proc.poll() is None for n in handle.nodes):
+            time.sleep(0.05)
         # SIGTERM the agents: torchrun forwards it to its workers and the supervisor
         # forwards it to the rank, so a training script can save on SIGTERM.
         for node in handle.nodes:

@@ -47,7 +47,7 @@ class FakeBackend:
     def poll(self, handle):
         return [NodeStatus(n, c) for n, c in handle.exit_codes.items()]
 
-    def terminate(self, handle, grace_s):
+    def terminate(self, handle, grace_s, wait_first_s=0.0):
         handle.terminated = True
         for n, c in handle.exit_codes.items():
             if c is None:
