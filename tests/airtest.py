@@ -8,7 +8,9 @@ from collections.abc import Callable
 from air_sdk.runner.backends.local import job_processes
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float = 60, what: str = "condition") -> object:
+def wait_for(
+    predicate: Callable[[], object], timeout_s: float = 60, what: str = "condition"
+) -> object:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

@@ -241,7 +241,7 @@ async def events_stream(
         if ctx.store.last_seq(job_id) > after:
             events = await run_in_threadpool(ctx.store.read_events, job_id, after=after, limit=1000)
             for e in events:
-                yield ServerSentEvent(data=e.model_dump(mode="json"), id=str(e.seq), event="event")
+                yield ServerSentEvent(raw_data=e.model_dump_json(), id=str(e.seq), event="event")
                 after = e.seq
             continue
         job = await run_in_threadpool(ctx.store.get_job, job_id)

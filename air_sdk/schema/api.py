@@ -32,7 +32,7 @@ from air_sdk.schema.state import JobState
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
 
 class Health(_Wire):

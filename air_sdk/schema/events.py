@@ -35,7 +35,7 @@ class Event(BaseModel):
         <EventType.STATE: 'state'>
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     seq: int = Field(ge=1)
     job_id: str
@@ -85,9 +85,10 @@ class AttemptChange(BaseModel):
 
 
 class MetricPoint(BaseModel):
-    """One `air.log(step=..., **values)` call."""
+    """One `air.log(step=..., **values)` call. NaN and infinities survive (a diverging
+    loss is worth seeing), written as the JSON constants Python reads back."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     step: int
     ts: float
@@ -124,7 +125,7 @@ class WorkerReport(BaseModel):
     attempt's worker token. Any subset of the fields may be set.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     rank: int = Field(ge=0)
     points: list[MetricPoint] = Field(default_factory=list, max_length=MAX_POINTS_PER_REPORT)

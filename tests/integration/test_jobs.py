@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from airtest import no_processes_left, wait_for
 
 from air_sdk.schema import JobState
-
-from airtest import no_processes_left, wait_for
 
 pytestmark = pytest.mark.slow
 

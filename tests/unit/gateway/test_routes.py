@@ -45,8 +45,13 @@ def spec(sha, **kw):
 def test_health_needs_no_token_everything_else_does(gw):
     anon = TestClient(gw.app)
     assert anon.get("/v1/health").json()["status"] == "ok"
-    for method, path in [("GET", "/v1/jobs"), ("GET", "/v1/cluster"), ("POST", "/v1/jobs"),
-                         ("GET", "/v1/jobs/x/events"), ("GET", "/v1/openapi.json")]:
+    for method, path in [
+        ("GET", "/v1/jobs"),
+        ("GET", "/v1/cluster"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/x/events"),
+        ("GET", "/v1/openapi.json"),
+    ]:
         r = anon.request(method, path)
         assert r.status_code == 401, (method, path)
         assert "token" in r.json()["detail"]
@@ -95,7 +100,12 @@ def test_bundle_upload_checks_hash_and_safety(gw):
 
 
 def test_unknown_job_is_404(gw):
-    for path in ["/v1/jobs/nope", "/v1/jobs/nope/events", "/v1/jobs/nope/logs", "/v1/jobs/nope/metrics"]:
+    for path in [
+        "/v1/jobs/nope",
+        "/v1/jobs/nope/events",
+        "/v1/jobs/nope/logs",
+        "/v1/jobs/nope/metrics",
+    ]:
         assert gw.get(path).status_code == 404
     assert gw.post("/v1/jobs/nope/cancel").status_code == 404
 
@@ -114,20 +124,30 @@ def _running_job(gw, tmp_path):
 def test_worker_reports_become_metrics_logs_and_events(gw, tmp_path):
     job_id, attempt, token = _running_job(gw, tmp_path)
     url = f"/v1/jobs/{job_id}/attempts/{attempt}/report"
-    body = {"rank": 1, "points": [{"step": 1, "ts": 1.0, "values": {"loss": 0.5}},
-                                  {"step": 2, "ts": 2.0, "values": {"loss": 0.25, "lr": 0.1}}],
-            "lines": ["epoch 0", "epoch 1"]}
+    body = {
+        "rank": 1,
+        "points": [
+            {"step": 1, "ts": 1.0, "values": {"loss": 0.5}},
+            {"step": 2, "ts": 2.0, "values": {"loss": 0.25, "lr": 0.1}},
+        ],
+        "lines": ["epoch 0", "epoch 1"],
+    }
     assert gw.post(url, json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
     r = gw.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 204, r.text
     metrics = gw.get(f"/v1/jobs/{job_id}/metrics", params={"name": "loss"}).json()["points"]
-    assert [(p["step"], p["rank"], p["values"]) for p in metrics] == [(1, 1, {"loss": 0.5}), (2, 1, {"loss": 0.25})]
+    assert [(p["step"], p["rank"], p["values"]) for p in metrics] == [
+        (1, 1, {"loss": 0.5}),
+        (2, 1, {"loss": 0.25}),
+    ]
     logs = gw.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1, "tail": 1}).json()["lines"]
     assert [line["text"] for line in logs] == ["epoch 1"]
     page = gw.get(f"/v1/jobs/{job_id}/events", params={"after": 0}).json()
     assert [e["seq"] for e in page["events"]] == list(range(1, page["last_seq"] + 1))
     # a newer attempt fences the old token off
-    gw.store.start_attempt(job_id, Placement(job_id=job_id, nodes=(NodeAssignment(node="node-0", slots=1),)))
+    gw.store.start_attempt(
+        job_id, Placement(job_id=job_id, nodes=(NodeAssignment(node="node-0", slots=1),))
+    )
     r = gw.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 409 and "no longer current" in r.json()["detail"]
 
@@ -136,7 +156,9 @@ def test_sse_stream_replays_from_last_event_id_and_ends_with_the_job(gw, tmp_pat
     sha = upload(gw, tmp_path)
     job = gw.post("/v1/jobs", json=spec(sha)).json()
     gw.post(f"/v1/jobs/{job['id']}/cancel")
-    with gw.stream("GET", f"/v1/jobs/{job['id']}/events/stream", headers={"Last-Event-ID": "1"}) as r:
+    with gw.stream(
+        "GET", f"/v1/jobs/{job['id']}/events/stream", headers={"Last-Event-ID": "1"}
+    ) as r:
         body = "".join(r.iter_text())
     data = [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
     assert [d["seq"] for d in data] == [2]
@@ -153,6 +175,24 @@ def test_cancel_of_queued_job_is_immediate_and_idempotent(gw, tmp_path):
 
 def test_cluster_and_openapi(gw):
     nodes = gw.get("/v1/cluster").json()["nodes"]
-    assert [(n["name"], n["slots"], n["used_slots"]) for n in nodes] == [("node-0", 1, 0), ("node-1", 1, 0)]
+    assert [(n["name"], n["slots"], n["used_slots"]) for n in nodes] == [
+        ("node-0", 1, 0),
+        ("node-1", 1, 0),
+    ]
     paths = gw.get("/v1/openapi.json").json()["paths"]
     assert "/v1/jobs/{job_id}/events/stream" in paths and "/v1/jobs" in paths
+
+
+def test_a_diverging_loss_reaches_readers_as_nan(gw, tmp_path):
+    job_id, attempt, token = _running_job(gw, tmp_path)
+    body = '{"rank": 0, "points": [{"step": 1, "ts": 1.0, "values": {"loss": NaN}}]}'
+    r = gw.post(
+        f"/v1/jobs/{job_id}/attempts/{attempt}/report",
+        content=body,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 204
+    points = gw.get(f"/v1/jobs/{job_id}/metrics").json()["points"]
+    assert points[0]["values"]["loss"] != points[0]["values"]["loss"]  # NaN
+    events = gw.get(f"/v1/jobs/{job_id}/events").json()["events"]
+    assert any(e["type"] == "metrics" for e in events)

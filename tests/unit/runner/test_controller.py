@@ -40,7 +40,9 @@ class FakeBackend:
 
     def launch(self, request):
         self.launches.append(request)
-        a = FakeAttempt(request.job_id, request.attempt, {n.node: None for n in request.placement.nodes})
+        a = FakeAttempt(
+            request.job_id, request.attempt, {n.node: None for n in request.placement.nodes}
+        )
         self.attempts.append(a)
         return a
 
@@ -67,7 +69,8 @@ def make(store, tmp_path, **spec_kw):
     job, _ = store.create_job(spec, tenant="default")
     job = store.transition(job.id, JobState.SCHEDULED, "placed")
     placement = Placement(
-        job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1), NodeAssignment(node="n1", slots=1))
+        job_id=job.id,
+        nodes=(NodeAssignment(node="n0", slots=1), NodeAssignment(node="n1", slots=1)),
     )
     backend = FakeBackend()
     ctl = JobController(
@@ -82,7 +85,9 @@ def rank_up(store, ctl, rank):
 
 def rank_exit(store, ctl, rank, code=None, sig=None, tail=()):
     e = RankExit(rank=rank, exit_code=code, signal=sig, tail=list(tail))
-    store.append_worker_events(ctl.job_id, ctl.attempt, rank, [(EventType.RANK_EXIT, e.model_dump_json())], None)
+    store.append_worker_events(
+        ctl.job_id, ctl.attempt, rank, [(EventType.RANK_EXIT, e.model_dump_json())], None
+    )
 
 
 def test_happy_path_state_after_every_step(store, tmp_path):

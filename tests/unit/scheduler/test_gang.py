@@ -14,7 +14,9 @@ def test_gang_gets_distinct_nodes_or_nothing():
     p = place(JobRequest("a", nodes=2, slots_per_node=1), nodes, free_capacity(nodes, []))
     assert p is not None and sorted(a.node for a in p.nodes) == ["n0", "n1"]
     # 3 nodes asked of a 2-node cluster: nothing, not a partial placement
-    assert place(JobRequest("b", nodes=3, slots_per_node=1), nodes, free_capacity(nodes, [])) is None
+    assert (
+        place(JobRequest("b", nodes=3, slots_per_node=1), nodes, free_capacity(nodes, [])) is None
+    )
 
 
 def test_two_jobs_that_do_not_fit_together_run_one_after_the_other():

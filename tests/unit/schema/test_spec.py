@@ -62,8 +62,17 @@ def test_snapshot_folds_events_and_ignores_repeats():
         ev(1, "state", {"state": "QUEUED"}),
         ev(2, "attempt", {"attempt": 1, "phase": "started"}),
         ev(3, "state", {"state": "RUNNING"}),
-        ev(4, "metrics", {"points": [{"step": 1, "ts": 10.0, "values": {"loss": 2.0}},
-                                     {"step": 11, "ts": 12.0, "values": {"loss": 1.0}}]}, rank=0),
+        ev(
+            4,
+            "metrics",
+            {
+                "points": [
+                    {"step": 1, "ts": 10.0, "values": {"loss": 2.0}},
+                    {"step": 11, "ts": 12.0, "values": {"loss": 1.0}},
+                ]
+            },
+            rank=0,
+        ),
         ev(5, "log", {"lines": ["hello"]}, rank=1),
         ev(6, "state", {"state": "SUCCEEDED", "reason": "every rank exited 0"}),
     ]

@@ -33,7 +33,9 @@ def test_same_key_other_body_is_refused(store):
 def test_every_transition_is_an_event_with_gapless_seq(store):
     job, _ = store.create_job(spec(), tenant="default")
     store.transition(job.id, JobState.SCHEDULED, "placed")
-    store.start_attempt(job.id, Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),)))
+    store.start_attempt(
+        job.id, Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),))
+    )
     store.transition(job.id, JobState.STARTING, "launch")
     store.transition(job.id, JobState.RUNNING, "up")
     store.transition(job.id, JobState.SUCCEEDED, "done")

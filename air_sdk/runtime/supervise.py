@@ -1,0 +1,284 @@
+"""The rank supervisor: torchrun's worker entrypoint, wrapped around the user's script.
+
+    python -m torch.distributed.run ... -m air_sdk.runtime.supervise [--] SCRIPT [ARGS...]
+    python -m air_sdk.runtime.supervise -m MODULE [ARGS...]
+
+It runs `python -u SCRIPT ARGS...` as its child with the same env, prefixes each
+output line with `[rank N] `, ships the lines to the gateway, forwards SIGTERM and
+SIGINT, and when the child ends reports a `RankExit` (exit code or signal, OOM
+kill, the last 50 lines) to the gateway and to `$AIR_ATTEMPT_DIR/exits/rank-N.json`,
+then exits with the child's code (128 + signal number for a signal death).
+Parent-death signals tie the three generations together: if the torchrun agent
+dies the supervisor dies, and if the supervisor dies its child dies.
+
+It never imports torch: it starts before every rank and must stay light.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from air_sdk.errors import ConfigError
+from air_sdk.runtime._context import context
+from air_sdk.runtime._shipper import MetricsShipper, shipper_from_env
+from air_sdk.schema.events import MAX_LOG_LINE_CHARS, RankExit
+
+__all__ = ["TAIL_LINES", "main", "set_parent_death_signal"]
+
+TAIL_LINES = 50
+_FORWARDED = {signal.SIGTERM, signal.SIGINT}
+_PR_SET_PDEATHSIG = 1
+_SI_KERNEL = 0x80  # Linux si_code of a signal the kernel sent, e.g. Ctrl-C to a terminal's group
+_READ_LIMIT = 4 * MAX_LOG_LINE_CHARS  # bytes: enough for the longest line we keep, in any UTF-8
+_DRAIN_AFTER_EXIT_S = 2.0  # a grandchild may hold the pipe open after the child exits
+_FINAL_FLUSH_S = 5.0
+_USAGE = "usage: python -m air_sdk.runtime.supervise [--] SCRIPT [ARGS...] | -m MODULE [ARGS...]"
+
+_prctl: Callable[..., int] | None = None
+if sys.platform.startswith("linux"):
+    try:
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        _prctl = None
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Have Linux send `sig` to this process when its parent dies; False where unsupported.
+
+    Example:
+        >>> set_parent_death_signal()  # doctest: +SKIP
+        True
+    """
+    return _prctl is not None and _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def _child_preexec(parent_pid: int, unblock: bool) -> Callable[[], None]:
+    # Runs in the forked child before exec; only the main thread exists then.
+    def setup() -> None:
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        set_parent_death_signal()
+        if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+class _SignalForwarder:
+    """Forwards SIGTERM and SIGINT to the child, unless the child got that signal itself.
+
+    The child shares the supervisor's process group, so a signal sent to the group
+    (the torchrun agent's `killpg`, Ctrl-C in a terminal) already reached it, and
+    forwarding would deliver it twice (a user's SIGTERM handler would run twice).
+    On Linux `sigwaitinfo` tells who sent a signal; elsewhere every signal is forwarded.
+    """
+
+    def __init__(self) -> None:
+        self.uses_mask = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
+        self._child: subprocess.Popen[bytes] | None = None
+        self._early: list[int] = []
+
+    def install(self) -> None:
+        """Call before any thread or child exists: both inherit the signal mask."""
+        if self.uses_mask:
+            signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+        else:
+            for signum in _FORWARDED:
+                signal.signal(signum, self._on_signal)
+
+    def start(self, child: subprocess.Popen[bytes]) -> None:
+        self._child = child
+        for signum in self._early:
+            self._forward(signum)
+        if self.uses_mask:  # signals that came in before now are still pending
+            threading.Thread(target=self._wait_loop, name="air-signals", daemon=True).start()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self._child is None:
+            self._early.append(signum)
+        else:
+            self._forward(signum)
+
+    def _wait_loop(self) -> None:
+        while True:
+            info = signal.sigwaitinfo(_FORWARDED)
+            if not _reached_child_directly(info):
+                self._forward(info.si_signo)
+
+    def _forward(self, signum: int) -> None:
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+
+def _reached_child_directly(info: Any) -> bool:
+    if info.si_code == _SI_KERNEL:  # terminal signals go to the whole foreground group
+        return True
+    # A torchelastic agent starts each worker in a new session and stops it with killpg.
+    return (
+        "TORCHELASTIC_RUN_ID" in os.environ
+        and info.si_pid == os.getppid()
+        and os.getpgrp() == os.getpid()
+    )
+
+
+def _pump(
+    stream: IO[bytes],
+    rank: int,
+    tail: deque[str],
+    tail_lock: threading.Lock,
+    shipper: MetricsShipper,
+) -> None:
+    """Copy the child's output line by line: prefixed to stdout, into the tail, to the gateway."""
+    prefix = f"[rank {rank}] "
+    out: IO[bytes] | None = getattr(sys.stdout, "buffer", None)
+    cut = False  # inside an over-long line whose kept part was already handled
+    while raw := stream.readline(_READ_LIMIT):
+        complete = raw.endswith(b"\n")
+        if cut:
+            cut = not complete
+            continue
+        cut = not complete and len(raw) >= _READ_LIMIT
+        line = raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
+        line = line[:MAX_LOG_LINE_CHARS]
+        with tail_lock:
+            tail.append(line)
+        shipper.add_line(line)
+        if out is not None:
+            try:
+                out.write((prefix + line + "\n").encode("utf-8", errors="replace"))
+                out.flush()
+            except (OSError, ValueError):  # our stdout went away; keep shipping
+                out = None
+
+
+def _oom_kill_count() -> int | None:
+    """The cgroup's `oom_kill` counter (v2 memory.events, v1 memory.oom_control), if readable."""
+    try:
+        entries = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    root = Path("/sys/fs/cgroup")
+    candidates: list[Path] = []
+    for entry in entries:
+        hierarchy, controllers, path = entry.split(":", 2)
+        relative = path.lstrip("/")
+        if hierarchy == "0" and not controllers:
+            candidates.append(root / relative / "memory.events")
+        elif "memory" in controllers.split(","):
+            candidates.append(root / "memory" / relative / "memory.oom_control")
+    for candidate in candidates:
+        try:
+            for line in candidate.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _rank_exit(rank: int, returncode: int, tail: list[str], oom_before: int | None) -> RankExit:
+    if returncode >= 0:
+        return RankExit(rank=rank, exit_code=returncode, tail=tail)
+    signum = -returncode
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"SIG{signum}"
+    oom_after = _oom_kill_count() if signum == signal.SIGKILL else None
+    oom = oom_before is not None and oom_after is not None and oom_after > oom_before
+    return RankExit(rank=rank, exit_code=None, signal=name, oom_killed=oom, tail=tail)
+
+
+def _write_exit_file(rank_exit: RankExit) -> None:
+    """Atomically write `$AIR_ATTEMPT_DIR/exits/rank-N.json` for the local runner."""
+    attempt_dir = os.environ.get("AIR_ATTEMPT_DIR")
+    if not attempt_dir:
+        return
+    folder = Path(attempt_dir) / "exits"
+    final = folder / f"rank-{rank_exit.rank}.json"
+    tmp = folder / f".rank-{rank_exit.rank}.json.{os.getpid()}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(rank_exit.model_dump_json())
+        os.replace(tmp, final)
+    except OSError as exc:
+        print(f"air: could not write {final}: {exc}", file=sys.stderr, flush=True)
+
+
+def _command(argv: Sequence[str]) -> list[str] | None:
+    args = list(argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args or args[0] in ("-h", "--help") or args == ["-m"]:
+        return None
+    return [sys.executable, "-u", *args]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the user's program under supervision; returns the exit status to use.
+
+    Example:
+        >>> main(["train.py", "--lr", "1"])  # doctest: +SKIP
+        0
+    """
+    command = _command(sys.argv[1:] if argv is None else argv)
+    if command is None:
+        print(_USAGE, file=sys.stderr)
+        return 2
+    parent = os.getppid()
+    if set_parent_death_signal() and os.getppid() != parent:
+        return 128 + signal.SIGKILL  # the agent died while we started
+    try:
+        rank = context().rank
+    except ConfigError as exc:
+        print(f"air: {exc}", file=sys.stderr)
+        return 2
+
+    forwarder = _SignalForwarder()
+    forwarder.install()
+    oom_before = _oom_kill_count()
+    child = subprocess.Popen(
+        command,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_child_preexec(os.getpid(), forwarder.uses_mask),
+    )
+    forwarder.start(child)
+    shipper = shipper_from_env(flush_interval=0.25)  # threads only after the fork
+    shipper.heartbeat()  # the rank is up: the runner marks the job RUNNING once all are
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    tail_lock = threading.Lock()
+    assert child.stdout is not None
+    pump = threading.Thread(
+        target=_pump,
+        args=(child.stdout, rank, tail, tail_lock, shipper),
+        name="air-output",
+        daemon=True,
+    )
+    pump.start()
+    returncode = child.wait()
+    pump.join(_DRAIN_AFTER_EXIT_S)
+    with tail_lock:
+        last_lines = list(tail)
+    rank_exit = _rank_exit(rank, returncode, last_lines, oom_before)
+    _write_exit_file(rank_exit)  # first: the local runner reads it even if posting fails
+    shipper.report_exit(rank_exit)
+    shipper.close(timeout=_FINAL_FLUSH_S)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
