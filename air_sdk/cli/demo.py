@@ -1,0 +1,121 @@
+"""`air demo`: a 2-node DDP job end to end, on whatever gateway answers (or a fresh one).
+
+The job is the packaged `air_sdk/examples/ddp_demo.py`, bundled alone from a
+temporary directory so nothing of the caller's working directory is uploaded.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from air_sdk.cli._common import EXIT_INTERRUPTED, console, err_console
+from air_sdk.config import DEFAULT_PORT
+from air_sdk.errors import SpecError, TransportError
+
+if TYPE_CHECKING:
+    from air_sdk.client import Client
+
+__all__ = ["DEMO_SCRIPT", "demo_source", "run_demo"]
+
+DEMO_SCRIPT = "ddp_demo.py"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+ClientFactory = Callable[..., "Client"]
+
+
+def demo_source() -> bytes:
+    """The packaged demo training script.
+
+    Example:
+        >>> b"air.init()" in demo_source()
+        True
+    """
+    return resources.files("air_sdk").joinpath("examples", DEMO_SCRIPT).read_bytes()
+
+
+def run_demo(make_client: ClientFactory, *, gateway: str | None, nodes: int, steps: int) -> int:
+    """Submit the demo, show it live, print a summary; the command's exit code.
+
+    Example:
+        >>> run_demo(make_client, gateway=None, nodes=2, steps=200)  # doctest: +SKIP
+        0
+    """
+    from air_sdk.cli.render import follow_to_end
+
+    client, started_home = _connect(make_client, gateway, nodes)
+    job = None
+    try:
+        _check_capacity(client, nodes, started=started_home is not None)
+        with tempfile.TemporaryDirectory(prefix="air-demo-") as tmp:
+            script = Path(tmp) / DEMO_SCRIPT
+            script.write_bytes(demo_source())
+            job = client.submit_script(
+                script,
+                workdir=tmp,
+                args=["--steps", str(steps)],
+                nodes=nodes,
+                procs_per_node=1,
+                name="demo",
+            )
+        console.print(
+            f"submitted [bold]{job.id}[/]: {nodes} nodes x 1 process, {steps} steps"
+            f" on {client.gateway_url}",
+            soft_wrap=True,
+        )
+        return follow_to_end(job, console)
+    except KeyboardInterrupt:
+        if job is not None:
+            err_console.print(f"\ninterrupted: cancelling {job.id}", soft_wrap=True)
+            job.cancel()
+        return EXIT_INTERRUPTED
+    finally:
+        client.close()  # an open keep-alive connection would hold up the gateway's shutdown
+        if started_home is not None:
+            from air_sdk.gateway.server import stop_detached
+
+            stop_detached(started_home)
+            console.print("stopped the gateway the demo started", style="dim")
+
+
+def _connect(
+    make_client: ClientFactory, gateway: str | None, nodes: int
+) -> tuple[Client, Path | None]:
+    """A client for a gateway that answers, starting a local one when none does.
+
+    Returns the client and the home of a gateway started here (to stop at the end).
+    """
+    probe = make_client(gateway, max_attempts=1)
+    try:
+        probe.health()
+        return make_client(gateway), None
+    except TransportError:
+        url = urlsplit(probe.gateway_url)
+        if gateway is not None or url.hostname not in _LOOPBACK:
+            raise
+    from air_sdk.gateway.server import GatewayOptions, start_detached
+
+    # The demo's own gateway leaves the client config alone: it is gone afterwards.
+    opts = GatewayOptions(
+        port=url.port or DEFAULT_PORT, num_nodes=max(2, nodes), write_client_config=False
+    )
+    with console.status(
+        f"no gateway at {probe.gateway_url}; starting one with {opts.num_nodes} nodes"
+    ):
+        proc = start_detached(opts)
+    console.print(f"started a gateway at {proc.url} (log: {proc.log_path})", soft_wrap=True)
+    return make_client(proc.url, proc.token), opts.home
+
+
+def _check_capacity(client: Client, nodes: int, *, started: bool) -> None:
+    num_nodes = len(client.inventory().nodes)
+    if num_nodes < nodes and not started:
+        raise SpecError(
+            f"the gateway at {client.gateway_url} has {num_nodes} nodes; the demo asked for"
+            f" {nodes}: run `air demo --nodes {num_nodes}`, or restart the gateway with"
+            f" `air gateway start --nodes {nodes}`"
+        )

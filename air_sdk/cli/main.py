@@ -1,0 +1,292 @@
+"""The `air` command: submit and watch jobs, run a local gateway, try the demo.
+
+    air gateway start --detach           # a gateway with 2 virtual nodes on this machine
+    air submit train.py --nodes 2 --follow -- --epochs 3
+    air jobs / air status JOB / air logs -f JOB / air metrics JOB / air cancel JOB
+    air demo                             # a 2-node DDP job end to end
+
+Every command talks to the gateway through `make_client` (tests replace it), and
+prints an `AirError` as one `error: ...` line: exit code 2 when the command or
+its inputs must change, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from air_sdk.cli._common import (
+    EXIT_INTERRUPTED,
+    GatewayOption,
+    JsonOption,
+    console,
+    echo_json,
+    err_console,
+    handle_errors,
+    parse_env,
+)
+from air_sdk.cli.gateway import gateway_app
+from air_sdk.schema.state import JobState
+
+if TYPE_CHECKING:
+    from air_sdk.client import Client
+
+__all__ = ["app", "main", "make_client"]
+
+app = typer.Typer(
+    name="air",
+    help="AIR: multi-node PyTorch training from your laptop, notebook or cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(gateway_app, name="gateway")
+
+#: `air metrics` shows this many most recent rows unless --all
+DEFAULT_METRIC_ROWS = 20
+
+JobArgument = Annotated[str, typer.Argument(metavar="JOB", help="Job id (from `air jobs`).")]
+
+
+def make_client(
+    gateway: str | None = None, token: str | None = None, *, max_attempts: int = 6
+) -> Client:
+    """The client every command uses (the seam tests monkeypatch)."""
+    from air_sdk.client import Client
+
+    return Client(gateway_url=gateway, token=token, max_attempts=max_attempts)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from air_sdk import __version__
+
+        typer.echo(f"air {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version_callback, is_eager=True, help="Show version."),
+    ] = False,
+) -> None:
+    """AIR: multi-node PyTorch training from your laptop, notebook or cluster."""
+
+
+def _reattach_hint(job_id: str) -> None:
+    err_console.print(
+        f"\ndetached from job {job_id}; it keeps running.\n"
+        f"  watch it again:  air logs -f {job_id}   (or: air status {job_id})\n"
+        f"  stop it:         air cancel {job_id}",
+        soft_wrap=True,
+    )
+
+
+@app.command()
+@handle_errors
+def submit(
+    script: Annotated[
+        Path,
+        typer.Argument(
+            metavar="SCRIPT",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="The training script (torchrun-style).",
+        ),
+    ],
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[-- ARGS...]", help="Arguments for the script, after `--`."),
+    ] = None,
+    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Nodes (gang-scheduled).")] = 1,
+    procs_per_node: Annotated[int, typer.Option(help="Ranks per node.")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node; 0 runs on CPU.")] = 0,
+    name: Annotated[str | None, typer.Option(help="Job name (default: the script's).")] = None,
+    max_restarts: Annotated[int, typer.Option(help="Relaunches after a failure.")] = 0,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Env var for every rank (repeat)."),
+    ] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, file_okay=False, help="Directory to bundle (default: cwd or the script's)."
+        ),
+    ] = None,
+    pool: Annotated[str, typer.Option(help="Node pool to run in.")] = "default",
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")
+    ] = False,
+    gateway: GatewayOption = None,
+) -> None:
+    """Submit SCRIPT as a multi-node job; prints the job id.
+
+    Example: air submit train.py --nodes 2 --env LR=0.1 --follow -- --epochs 3
+    """
+    env_vars = parse_env(env)
+    client = make_client(gateway)
+    job = client.submit_script(
+        script,
+        args=list(args or ()),
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        gpus_per_node=gpus_per_node,
+        name=name,
+        env=env_vars,
+        max_restarts=max_restarts,
+        workdir=workdir,
+        pool=pool,
+    )
+    typer.echo(job.id)
+    if not follow:
+        err_console.print(f"follow it with: air logs -f {job.id}", style="dim", soft_wrap=True)
+        return
+    from air_sdk.cli.render import follow_to_end
+
+    try:
+        code = follow_to_end(job, console)
+    except KeyboardInterrupt:
+        _reattach_hint(job.id)
+        code = EXIT_INTERRUPTED
+    raise typer.Exit(code)
+
+
+@app.command("jobs")
+@handle_errors
+def list_jobs(
+    state: Annotated[
+        JobState | None, typer.Option("--state", case_sensitive=False, help="Only this state.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 100,
+    as_json: JsonOption = False,
+    gateway: GatewayOption = None,
+) -> None:
+    """List your jobs, newest first."""
+    from air_sdk.cli.render import jobs_table
+
+    records = make_client(gateway).jobs(state=state, limit=limit)
+    if as_json:
+        echo_json([r.model_dump(mode="json") for r in records])
+    elif not records:
+        console.print("no jobs" + (f" in state {state.value}" if state else ""))
+    else:
+        console.print(jobs_table(records))
+
+
+@app.command()
+@handle_errors
+def status(job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOption = None) -> None:
+    """State, attempts, progress and (for a failure) which rank failed and why."""
+    from air_sdk.cli.render import status_text
+
+    job = make_client(gateway).job(job_id)
+    record = job.record()
+    if as_json:
+        echo_json(record.model_dump(mode="json"))
+        return
+    console.print(status_text(record, job.snapshot()), soft_wrap=True)
+
+
+@app.command()
+@handle_errors
+def logs(
+    job_id: JobArgument,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines.")
+    ] = False,
+    rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
+    attempt: Annotated[int | None, typer.Option(help="Only this attempt.")] = None,
+    tail: Annotated[int | None, typer.Option(min=1, help="Only the last N lines.")] = None,
+    gateway: GatewayOption = None,
+) -> None:
+    """Print a job's logs, each line prefixed with its rank; -f follows until the job ends."""
+    from air_sdk.client import Job
+    from air_sdk.schema.events import EventType
+
+    job = Job(make_client(gateway), job_id)
+    page = job.log_page(rank=rank, attempt=attempt, tail=tail)
+    for line in page.lines:
+        typer.echo(f"[rank {line.rank}] {line.text}")
+    if not follow:
+        return
+    try:
+        for event in job.follow(after=page.last_seq):
+            if event.type is not EventType.LOG:
+                continue
+            if rank is not None and event.rank != rank:
+                continue
+            if attempt is not None and event.attempt != attempt:
+                continue
+            for text in event.data.get("lines", []):
+                typer.echo(f"[rank {event.rank if event.rank is not None else '?'}] {text}")
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    final = job.record()
+    err_console.print(f"job {job.id} ended: {final.state.value}", style="dim", soft_wrap=True)
+
+
+@app.command()
+@handle_errors
+def metrics(
+    job_id: JobArgument,
+    name: Annotated[str | None, typer.Option(help="Only this metric.")] = None,
+    rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help=f"All rows, not the last {DEFAULT_METRIC_ROWS}.")
+    ] = False,
+    as_json: JsonOption = False,
+    gateway: GatewayOption = None,
+) -> None:
+    """Logged metrics (`air.log`): one row per step and rank."""
+    from air_sdk.cli.render import metrics_table
+    from air_sdk.client import Job
+
+    rows = Job(make_client(gateway), job_id).metrics(name=name, rank=rank)
+    if not show_all:
+        rows = rows[-DEFAULT_METRIC_ROWS:]
+    if as_json:
+        echo_json([r.model_dump(mode="json") for r in rows])
+    elif not rows:
+        console.print("no metrics yet")
+    else:
+        console.print(metrics_table(rows))
+
+
+@app.command()
+@handle_errors
+def cancel(job_id: JobArgument, gateway: GatewayOption = None) -> None:
+    """Cancel a job (all its ranks, on every node)."""
+    from air_sdk.client import Job
+
+    record = Job(make_client(gateway), job_id).cancel()
+    if record.state.terminal and record.state is not JobState.CANCELLED:
+        console.print(f"job {record.id} had already ended: {record.state.value}")
+    else:
+        console.print(f"cancel requested for job {record.id} (now {record.state.value})")
+
+
+@app.command()
+@handle_errors
+def demo(
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes (one rank each).")] = 2,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 200,
+    gateway: GatewayOption = None,
+) -> None:
+    """Run a small DDP job across virtual nodes and show it live (starts a gateway if needed)."""
+    from air_sdk.cli.demo import run_demo
+
+    raise typer.Exit(run_demo(make_client, gateway=gateway, nodes=nodes, steps=steps))
+
+
+def main() -> None:
+    """The `air` console script."""
+    app(prog_name="air")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""`Client`: talks to one gateway. Submits jobs and reads the cluster.
+
+Example:
+    >>> client = Client("http://127.0.0.1:8470", token="air_...")  # doctest: +SKIP
+    >>> job = client.submit_script("train.py", nodes=2, args=["--epochs", "3"])  # doctest: +SKIP
+    >>> job.wait().state  # doctest: +SKIP
+    <JobState.SUCCEEDED: 'SUCCEEDED'>
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import requests
+from pydantic import BaseModel, ValidationError
+
+from air_sdk.client._http import HttpTransport, parse_model
+from air_sdk.client.job import Job
+from air_sdk.config import load_client_settings
+from air_sdk.errors import SpecError
+from air_sdk.schema.api import Health, Inventory, JobList, JobRecord
+from air_sdk.schema.spec import JobSpec
+from air_sdk.schema.state import JobState
+
+__all__ = ["Client", "format_validation_error", "job_spec"]
+
+_M = TypeVar("_M", bound=BaseModel)
+_NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _user_agent() -> str:
+    from air_sdk import __version__
+
+    return f"air-sdk/{__version__}"
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One "field: message" line per pydantic error, for a `SpecError`.
+
+    Example:
+        >>> try:
+        ...     JobSpec(entrypoint="train.py", max_restarts=-1)
+        ... except ValidationError as exc:
+        ...     print(format_validation_error(exc))
+        max_restarts: Input should be greater than or equal to 0
+    """
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "\n".join(lines)
+
+
+def job_spec(**fields: Any) -> JobSpec:
+    """Build a `JobSpec` from user input, raising `SpecError` that names each bad field.
+
+    Example:
+        >>> job_spec(entrypoint="train.py", resources={"nodes": 2}).resources.nodes
+        2
+        >>> job_spec(entrypoint="train.py", max_restarts=-1)
+        Traceback (most recent call last):
+        ...
+        air_sdk.errors.SpecError: invalid job spec:
+        max_restarts: Input should be greater than or equal to 0
+    """
+    try:
+        return JobSpec.model_validate(fields)
+    except ValidationError as exc:
+        raise SpecError(f"invalid job spec:\n{format_validation_error(exc)}") from exc
+
+
+def _default_name(script: Path) -> str:
+    name = _NAME_BAD_CHARS.sub("-", script.stem).strip("-._")[:63]
+    return name or "job"
+
+
+class Client:
+    """A connection to an AIR gateway.
+
+    Settings come from the arguments, then `AIR_*` env vars, then
+    `~/.config/air/config.toml` (written by `air gateway start`).
+    Transport errors and 429/502/503/504 are retried with jittered exponential
+    backoff (honouring Retry-After) up to `max_attempts` tries in all.
+
+    Example:
+        >>> client = Client()  # doctest: +SKIP
+        >>> client.health().version  # doctest: +SKIP
+        '0.1.0'
+    """
+
+    def __init__(
+        self,
+        gateway_url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        session: requests.Session | None = None,
+        max_attempts: int = 6,
+    ) -> None:
+        settings = load_client_settings(gateway_url=gateway_url, token=token, timeout_s=timeout_s)
+        self.gateway_url = settings.gateway_url
+        self._http = HttpTransport(
+            settings.gateway_url,
+            token=settings.token,
+            timeout_s=settings.timeout_s,
+            session=session,
+            max_attempts=max_attempts,
+            user_agent=_user_agent(),
+        )
+
+    def __repr__(self) -> str:
+        return f"Client({self.gateway_url!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the HTTP session (connections are pooled until then)."""
+        self._http.close()
+
+    # -- reads ---------------------------------------------------------------
+
+    def health(self) -> Health:
+        """The gateway's liveness and version (needs no token).
+
+        Example:
+            >>> Client().health().status  # doctest: +SKIP
+            'ok'
+        """
+        return self._get("/v1/health", Health)
+
+    def inventory(self) -> Inventory:
+        """The nodes of the cluster, their slots and GPUs, and what runs where.
+
+        Example:
+            >>> [n.name for n in Client().inventory().nodes]  # doctest: +SKIP
+            ['node-0', 'node-1']
+        """
+        return self._get("/v1/cluster", Inventory)
+
+    def jobs(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
+        """Your jobs, newest first, optionally only those in `state`.
+
+        Example:
+            >>> [j.id for j in Client().jobs(state=JobState.RUNNING)]  # doctest: +SKIP
+            ['j-3f2a']
+        """
+        return self._get("/v1/jobs", JobList, params={"state": state, "limit": limit}).jobs
+
+    def job(self, job_id: str) -> Job:
+        """A handle on an existing job (fetches its record, so a bad id fails here).
+
+        Example:
+            >>> Client().job("j-3f2a").status()  # doctest: +SKIP
+            <JobState.RUNNING: 'RUNNING'>
+        """
+        return Job(self, self.job_record(job_id))
+
+    def job_record(self, job_id: str) -> JobRecord:
+        """The gateway's record of one job."""
+        return self._get(f"/v1/jobs/{_seg(job_id)}", JobRecord)
+
+    # -- submit --------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: JobSpec | Mapping[str, Any],
+        *,
+        workdir: str | Path | None = None,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Upload the code (if any) and submit `spec`; returns at once with a `Job`.
+
+        `workdir` is packaged as the job's bundle. An `entrypoint` spec without a
+        workdir bundles the current directory. One Idempotency-Key is used for
+        all retries of this call, so a retried POST never makes two jobs.
+
+        Example:
+            >>> spec = JobSpec(name="mnist", entrypoint="train.py", resources={"nodes": 2})
+            >>> job = Client().submit(spec, workdir="examples/mnist")  # doctest: +SKIP
+        """
+        if not isinstance(spec, JobSpec):
+            spec = job_spec(**dict(spec))
+        key = idempotency_key or str(uuid.uuid4())
+        if workdir is None and spec.entrypoint is not None and spec.bundle_sha256 is None:
+            workdir = Path.cwd()
+        if workdir is not None:
+            root = Path(workdir).expanduser()
+            if not root.is_dir():
+                raise SpecError(f"workdir {root} is not a directory")
+            if spec.entrypoint is not None:
+                script = root / spec.entrypoint
+                if not script.is_file():
+                    raise SpecError(
+                        f"entrypoint {spec.entrypoint!r} not found: looked for {script.resolve()};"
+                        " pass workdir= the directory that holds it"
+                    )
+            from air_sdk.bundle import pack_directory
+
+            bundle = pack_directory(root)  # raises BundleError before anything is sent
+            self.upload_bundle(bundle.data, bundle.sha256)
+            spec = spec.model_copy(update={"bundle_sha256": bundle.sha256})
+        record = self._http.request(
+            "POST",
+            "/v1/jobs",
+            json=spec.model_dump(mode="json"),
+            headers={"Idempotency-Key": key},
+        )
+        return Job(self, parse_model(JobRecord, record))
+
+    def submit_script(
+        self,
+        script: str | Path,
+        *,
+        args: Sequence[str] = (),
+        nodes: int = 1,
+        procs_per_node: int = 1,
+        gpus_per_node: int = 0,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        max_restarts: int = 0,
+        workdir: str | Path | None = None,
+        pool: str = "default",
+    ) -> Job:
+        """Run a torchrun-style script on `nodes` x `procs_per_node` ranks.
+
+        The bundle is `workdir`: by default the current directory when the
+        script is inside it, else the script's own directory.
+
+        Example:
+            >>> job = Client().submit_script("train.py", nodes=2, args=["--lr", "0.1"])  # doctest: +SKIP
+            >>> job.id  # doctest: +SKIP
+            'j-3f2a'
+        """
+        script_path = Path(script).expanduser().resolve()
+        if not script_path.is_file():
+            raise SpecError(f"script {script} not found (looked for {script_path})")
+        if workdir is None:
+            cwd = Path.cwd().resolve()
+            root = cwd if script_path.is_relative_to(cwd) else script_path.parent
+        else:
+            root = Path(workdir).expanduser().resolve()
+            if not script_path.is_relative_to(root):
+                raise SpecError(
+                    f"script {script_path} is not inside workdir {root}: the script must be"
+                    " part of the bundle; pass a workdir that contains it"
+                )
+        spec = job_spec(
+            name=name if name is not None else _default_name(script_path),
+            entrypoint=script_path.relative_to(root).as_posix(),
+            args=list(args),
+            env=dict(env or {}),
+            resources={
+                "nodes": nodes,
+                "procs_per_node": procs_per_node,
+                "gpus_per_node": gpus_per_node,
+            },
+            max_restarts=max_restarts,
+            pool=pool,
+        )
+        return self.submit(spec, workdir=root)
+
+    def upload_bundle(self, data: bytes, sha256: str) -> bool:
+        """Upload a bundle unless the gateway has it already; True when bytes were sent.
+
+        Example:
+            >>> Client().upload_bundle(bundle.data, bundle.sha256)  # doctest: +SKIP
+            False
+        """
+        path = f"/v1/bundles/{_seg(sha256)}"
+        head = self._http.request("HEAD", path, allow_statuses=frozenset({404}))
+        head.close()
+        if head.status_code != 404:
+            return False
+        response = self._http.request(
+            "PUT", path, data=data, headers={"Content-Type": "application/gzip"}
+        )
+        response.close()
+        return True
+
+    # -- plumbing for Job ----------------------------------------------------
+
+    def _get(self, path: str, model: type[_M], params: Mapping[str, Any] | None = None) -> _M:
+        return parse_model(model, self._http.request("GET", path, params=params))
+
+    def _post(self, path: str, model: type[_M]) -> _M:
+        return parse_model(model, self._http.request("POST", path))
+
+
+def _seg(value: str) -> str:
+    """One URL path segment: a job id can never reach another route."""
+    return quote(str(value), safe="")

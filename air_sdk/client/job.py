@@ -1,0 +1,314 @@
+"""`Job`: a handle on one submitted job. Reads state, events, logs and metrics.
+
+Every read goes to the gateway (nothing here talks to workers): the event log is
+the single source of truth, and `follow()` resumes from the last sequence number
+it saw after a dropped connection.
+
+Example:
+    >>> job = Client().job("j-3f2a")  # doctest: +SKIP
+    >>> for event in job.follow():  # doctest: +SKIP
+    ...     print(event.seq, event.type.value)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+import requests
+from pydantic import ValidationError
+
+from air_sdk.client import _http
+from air_sdk.client.sse import iter_sse
+from air_sdk.errors import JobFailedError, JobTimeoutError
+from air_sdk.schema.api import (
+    AttemptList,
+    AttemptRecord,
+    EventPage,
+    JobRecord,
+    LogLine,
+    LogPage,
+    MetricRow,
+    MetricsPage,
+)
+from air_sdk.schema.events import Event, EventType
+from air_sdk.schema.snapshot import JobSnapshot
+from air_sdk.schema.state import JobState
+
+if TYPE_CHECKING:
+    from air_sdk.client.client import Client
+
+__all__ = ["Job", "is_terminal_event"]
+
+log = logging.getLogger(__name__)
+
+#: the gateway sends a keep-alive comment every 15 s; three missed ones mean a dead stream
+STREAM_READ_TIMEOUT_S = 60.0
+EVENT_PAGE_LIMIT = 1000
+
+
+def is_terminal_event(event: Event) -> bool:
+    """True for the `state` event that ends a job.
+
+    Example:
+        >>> is_terminal_event(Event(seq=9, job_id="j", ts=0, type="state", data={"state": "FAILED"}))
+        True
+    """
+    if event.type is not EventType.STATE:
+        return False
+    try:
+        return JobState(event.data.get("state")).terminal
+    except ValueError:
+        return False
+
+
+class Job:
+    """A submitted job.
+
+    Example:
+        >>> job = Client().submit_script("train.py", nodes=2)  # doctest: +SKIP
+        >>> job.wait(timeout=600, raise_on_failure=True).state  # doctest: +SKIP
+        <JobState.SUCCEEDED: 'SUCCEEDED'>
+    """
+
+    def __init__(self, client: Client, record: JobRecord | str) -> None:
+        self.client = client
+        if isinstance(record, JobRecord):
+            self.id = record.id
+            self._record: JobRecord | None = record
+        else:
+            self.id = record
+            self._record = None
+
+    def __repr__(self) -> str:
+        # No request here: a repr must never block or fail.
+        state = self._record.state.value if self._record else "?"
+        return f"Job(id={self.id!r}, state={state})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/jobs/{quote(self.id, safe='')}"
+
+    # -- state ---------------------------------------------------------------
+
+    def record(self) -> JobRecord:
+        """The gateway's current record of this job.
+
+        Example:
+            >>> job.record().attempt  # doctest: +SKIP
+            1
+        """
+        self._record = self.client.job_record(self.id)
+        return self._record
+
+    def status(self) -> JobState:
+        """The job's current state.
+
+        Example:
+            >>> job.status()  # doctest: +SKIP
+            <JobState.RUNNING: 'RUNNING'>
+        """
+        return self.record().state
+
+    def wait(
+        self, timeout: float | None = None, *, raise_on_failure: bool = False, poll_s: float = 0.5
+    ) -> JobRecord:
+        """Block until the job ends; return its final record.
+
+        Raises `JobTimeoutError` when `timeout` seconds pass first, and
+        `JobFailedError` for a FAILED job when `raise_on_failure` is set.
+
+        Example:
+            >>> job.wait(timeout=300).state  # doctest: +SKIP
+            <JobState.SUCCEEDED: 'SUCCEEDED'>
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            record = self.record()
+            if record.state.terminal:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise JobTimeoutError(
+                    f"job {self.id} is still {record.state.value} after {timeout:g} s;"
+                    f" wait longer, or cancel it with `air cancel {self.id}`"
+                )
+            pause = poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+            _http._sleep(max(pause, 0.0))
+        if raise_on_failure and record.state is JobState.FAILED:
+            raise JobFailedError(self.id, _failure_reason(record))
+        return record
+
+    def cancel(self) -> JobRecord:
+        """Ask the gateway to cancel the job (idempotent; a finished job stays as it ended).
+
+        Example:
+            >>> job.cancel().cancel_requested  # doctest: +SKIP
+            True
+        """
+        self._record = self.client._post(f"{self._path}/cancel", JobRecord)
+        return self._record
+
+    def attempts(self) -> list[AttemptRecord]:
+        """Every (re)launch so far, oldest first, with placement and failure.
+
+        Example:
+            >>> [a.attempt for a in job.attempts()]  # doctest: +SKIP
+            [1, 2]
+        """
+        return self.client._get(f"{self._path}/attempts", AttemptList).attempts
+
+    # -- events --------------------------------------------------------------
+
+    def events(self, after: int = 0, limit: int = EVENT_PAGE_LIMIT) -> EventPage:
+        """One page of the event log: events with `seq > after`, at most `limit`.
+
+        Example:
+            >>> page = job.events(after=0)  # doctest: +SKIP
+            >>> next_page = job.events(after=page.last_seq)  # doctest: +SKIP
+        """
+        return self.client._get(f"{self._path}/events", EventPage, {"after": after, "limit": limit})
+
+    def snapshot(self) -> JobSnapshot:
+        """The fold of the whole event log: state, step, latest metrics, log tails.
+
+        Example:
+            >>> job.snapshot().latest.get("loss")  # doctest: +SKIP
+            0.0123
+        """
+        snap = JobSnapshot(job_id=self.id)
+        while True:
+            before = snap.last_seq
+            for event in self.events(after=before).events:
+                snap.apply(event)
+            if snap.last_seq <= before:  # an empty page: the end of the log
+                break
+        return snap
+
+    def follow(self, after: int = 0) -> Iterator[Event]:
+        """Stream events with `seq > after` live, until the job ends.
+
+        Reconnects after a dropped connection from the last sequence number it
+        yielded (so no event is lost or repeated), with backoff; gives up with
+        `TransportError` after the client's `max_attempts` drops in a row.
+
+        Example:
+            >>> snap = JobSnapshot(job_id=job.id)  # doctest: +SKIP
+            >>> for event in job.follow():  # doctest: +SKIP
+            ...     snap.apply(event)
+        """
+        http = self.client._http
+        last = after
+        num_drops = 0
+        while True:
+            progressed = False
+            try:
+                response = http.request(
+                    "GET",
+                    f"{self._path}/events/stream",
+                    params={"after": last},
+                    headers={"Accept": "text/event-stream", "Last-Event-ID": str(last)},
+                    stream=True,
+                    timeout=(http.timeout_s, max(http.timeout_s, STREAM_READ_TIMEOUT_S)),
+                )
+                try:
+                    for message in iter_sse(response.iter_content(chunk_size=None)):
+                        event = _parse_event(message.data)
+                        if event is None or event.seq <= last:
+                            continue
+                        last, progressed = event.seq, True
+                        yield event
+                        if is_terminal_event(event):
+                            return
+                finally:
+                    response.close()
+            except requests.RequestException as exc:
+                num_drops = 1 if progressed else num_drops + 1
+                if num_drops >= http.max_attempts:
+                    raise http.transport_error(exc) from exc
+                log.debug("event stream of %s dropped (%s); resuming after %d", self.id, exc, last)
+                _http._sleep(_http.backoff_s(num_drops))
+                continue
+            # The server closed the stream: catch up by pages, stop if the job has ended.
+            while True:
+                before = last
+                page = self.events(after=last)
+                for event in page.events:
+                    if event.seq <= last:
+                        continue
+                    last, progressed = event.seq, True
+                    yield event
+                    if is_terminal_event(event):
+                        return
+                if last <= before:  # an empty page: caught up
+                    break
+            if page.state.terminal:
+                return
+            num_drops = 0 if progressed else num_drops + 1
+            if num_drops:
+                _http._sleep(_http.backoff_s(num_drops))
+
+    # -- logs and metrics ----------------------------------------------------
+
+    def log_page(
+        self, rank: int | None = None, attempt: int | None = None, tail: int | None = None
+    ) -> LogPage:
+        """Log lines and the event `last_seq` they cover (to follow on from there).
+
+        Example:
+            >>> page = job.log_page(tail=20)  # doctest: +SKIP
+            >>> later = [e for e in job.follow(after=page.last_seq)]  # doctest: +SKIP
+        """
+        params = {"rank": rank, "attempt": attempt, "tail": tail}
+        return self.client._get(f"{self._path}/logs", LogPage, params)
+
+    def logs(
+        self, rank: int | None = None, attempt: int | None = None, tail: int | None = None
+    ) -> list[LogLine]:
+        """Log lines of every rank (or one `rank`), all attempts unless `attempt` is given.
+
+        Example:
+            >>> for line in job.logs(rank=0, tail=5):  # doctest: +SKIP
+            ...     print(line.text)
+        """
+        return self.log_page(rank=rank, attempt=attempt, tail=tail).lines
+
+    def metrics(self, name: str | None = None, rank: int | None = None) -> list[MetricRow]:
+        """Logged metric rows (one per `air.log` call), optionally one name or rank.
+
+        Example:
+            >>> [(row.step, row.values["loss"]) for row in job.metrics("loss")][-1]  # doctest: +SKIP
+            (199, 0.0123)
+        """
+        params = {"name": name, "rank": rank}
+        return self.client._get(f"{self._path}/metrics", MetricsPage, params).points
+
+
+def _parse_event(data: str) -> Event | None:
+    if not data.lstrip().startswith("{"):
+        return None
+    try:
+        return Event.model_validate_json(data)
+    except ValidationError as exc:
+        # A newer gateway may send event types this client does not know.
+        log.debug("skipping an event this client cannot read: %s", exc)
+        return None
+
+
+def _failure_reason(record: JobRecord) -> str:
+    failure = record.failure
+    if failure is None:
+        return record.state_reason or "no reason recorded"
+    parts = [failure.reason or record.state_reason or "failed"]
+    if failure.rank is not None:
+        how = f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
+        parts.append(f"rank {failure.rank} {how}")
+    return "; ".join(parts)

@@ -1,0 +1,350 @@
+"""The `air` command against a fake gateway (mock transport injected via `make_client`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+from typer.testing import CliRunner, Result
+
+from air_sdk.cli import main as cli
+from air_sdk.client import Client, _http
+from air_sdk.client._http import mock_response, mock_session
+from air_sdk.schema import Event, JobRecord, JobSpec, JobState
+from air_sdk.schema.api import FailureInfo
+
+URL = "http://gw.test"
+runner = CliRunner()
+
+
+class FakeGateway:
+    """Just enough of the HTTP API for the CLI: jobs, events, logs, metrics, bundles."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, JobRecord] = {}
+        self.events: dict[str, list[Event]] = {}
+        self.requests: list[requests.PreparedRequest] = []
+        self.final_state = JobState.SUCCEEDED
+        self.logs_upto = 1 << 30
+
+    def add_job(self, job_id: str, state: JobState, **extra: object) -> JobRecord:
+        now = time.time()
+        rec = JobRecord(
+            id=job_id,
+            tenant="t",
+            name=extra.pop("name", "train"),  # type: ignore[arg-type]
+            state=state,
+            spec=JobSpec(entrypoint="train.py", resources={"nodes": 2}),
+            created_at=now - 90,
+            updated_at=now,
+            attempt=1,
+            **extra,
+        )
+        self.records[job_id] = rec
+        self.events.setdefault(job_id, [])
+        return rec
+
+    def emit(
+        self,
+        job_id: str,
+        type_: str,
+        rank: int | None = None,
+        data: dict | None = None,
+        **kw: object,
+    ) -> None:
+        log = self.events[job_id]
+        data = {**(data or {}), **kw}
+        seq = len(log) + 1
+        log.append(
+            Event(
+                seq=seq, job_id=job_id, ts=float(seq), type=type_, rank=rank, attempt=1, data=data
+            )
+        )
+
+    def run_to_end(self, job_id: str, final: JobState, steps: int = 3) -> None:
+        self.emit(job_id, "state", state="RUNNING")
+        self.emit(job_id, "attempt", attempt=1, phase="started")
+        for step in range(1, steps + 1):
+            points = [{"step": step, "ts": float(step), "values": {"loss": 1.0 / step}}]
+            self.emit(job_id, "metrics", rank=0, points=points)
+        self.emit(job_id, "log", rank=1, lines=["boom"])
+        if final is JobState.FAILED:
+            self.emit(job_id, "rank_exit", rank=1, data={"rank": 1, "exit_code": 3})
+        self.emit(job_id, "state", state=final.value)
+        self.records[job_id] = self.records[job_id].model_copy(update={"state": final})
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.Response:
+        self.requests.append(request)
+        url = urlsplit(request.url or "")
+        path, query = url.path, {k: v[0] for k, v in parse_qs(url.query).items()}
+        parts = path.strip("/").split("/")[1:]  # drop "v1"
+        if parts == ["health"]:
+            return mock_response(200, {"status": "ok", "version": "test"})
+        if parts == ["cluster"]:
+            nodes = [{"name": f"node-{i}", "slots": 1} for i in range(2)]
+            return mock_response(200, {"nodes": nodes})
+        if parts[0] == "bundles":
+            return mock_response(404 if request.method == "HEAD" else 201, None)
+        if parts == ["jobs"] and request.method == "POST":
+            spec = JobSpec.model_validate_json(request.body)  # type: ignore[arg-type]
+            rec = self.add_job(f"j-{len(self.records) + 1}", JobState.QUEUED, name=spec.name)
+            self.records[rec.id] = rec = rec.model_copy(update={"spec": spec})
+            self.run_to_end(rec.id, self.final_state)
+            return mock_response(201, rec)
+        if parts == ["jobs"]:
+            wanted = query.get("state")
+            jobs = [r for r in self.records.values() if wanted in (None, r.state.value)]
+            return mock_response(200, {"jobs": [json.loads(r.model_dump_json()) for r in jobs]})
+        job_id, rest = parts[1], parts[2:]
+        if job_id not in self.records:
+            return mock_response(404, {"detail": f"no job {job_id}"})
+        rec, log = self.records[job_id], self.events[job_id]
+        after = int(query.get("after", 0))
+        if rest == []:
+            return mock_response(200, rec)
+        if rest == ["cancel"]:
+            self.records[job_id] = rec = rec.model_copy(
+                update={"state": JobState.CANCELLED, "cancel_requested": True}
+            )
+            return mock_response(200, rec)
+        if rest == ["events"]:
+            page = [json.loads(e.model_dump_json()) for e in log if e.seq > after]
+            return mock_response(
+                200, {"events": page, "last_seq": log[-1].seq if log else 0, "state": rec.state}
+            )
+        if rest == ["events", "stream"]:
+            chunks = [f"id: {e.seq}\ndata: {e.model_dump_json()}\n\n".encode() for e in log]
+            return mock_response(200, chunks=[e for e in chunks if e])
+        if rest == ["logs"]:
+            # The page sees the log as it was at seq `logs_upto` (later lines come "live").
+            shown = [e for e in log if e.type.value == "log" and e.seq <= self.logs_upto]
+            lines = [
+                {"attempt": 1, "rank": e.rank, "text": t} for e in shown for t in e.data["lines"]
+            ]
+            return mock_response(200, {"lines": lines, "last_seq": shown[-1].seq if shown else 0})
+        if rest == ["metrics"]:
+            rows = [
+                {
+                    "attempt": 1,
+                    "rank": e.rank,
+                    "step": p["step"],
+                    "ts": p["ts"],
+                    "values": p["values"],
+                }
+                for e in log
+                if e.type.value == "metrics"
+                for p in e.data["points"]
+            ]
+            return mock_response(200, {"points": rows})
+        raise AssertionError(f"unexpected {request.method} {path}")
+
+
+@pytest.fixture
+def gateway(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeGateway:
+    fake = FakeGateway()
+    monkeypatch.setattr(_http, "_sleep", lambda s: None)
+    monkeypatch.setenv("AIR_CONFIG_FILE", str(tmp_path / "absent.toml"))
+
+    def make_client(gateway: str | None = None, token: str | None = None, **_: object) -> Client:
+        return Client(gateway or URL, token or "tok", session=mock_session(fake), max_attempts=2)
+
+    monkeypatch.setattr(cli, "make_client", make_client)
+    return fake
+
+
+@pytest.fixture
+def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "train.py"
+    path.write_text("print('training')\n")
+    return path
+
+
+def invoke(*args: str) -> Result:
+    return runner.invoke(cli.app, list(args))
+
+
+def flat(text: str) -> str:
+    """Output without rich's box drawing and line wrapping."""
+    return " ".join(text.replace("│", " ").split())
+
+
+# -- argument errors: exit 2, a clear message, nothing sent --------------------
+
+
+def test_bad_env_is_a_usage_error(gateway: FakeGateway, script: Path) -> None:
+    result = invoke("submit", str(script), "--env", "NOEQUALS")
+    assert result.exit_code == 2
+    assert "Invalid value for '--env': 'NOEQUALS' is not KEY=VALUE" in flat(result.output)
+    assert gateway.requests == []
+
+
+def test_missing_script_is_a_usage_error(gateway: FakeGateway, tmp_path: Path) -> None:
+    result = invoke("submit", str(tmp_path / "nope.py"))
+    assert result.exit_code == 2
+    assert f"Invalid value for 'SCRIPT': file '{tmp_path / 'nope.py'}' does not exist" in flat(
+        result.output
+    )
+    assert gateway.requests == []
+
+
+def test_invalid_spec_from_flags_is_one_clean_line(gateway: FakeGateway, script: Path) -> None:
+    result = invoke("submit", str(script), "--nodes", "0", "--env", "RANK=1")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: invalid job spec: ")
+    assert "resources.nodes: Input should be greater than or equal to 1" in lines[0]
+    assert "env: env RANK is set by AIR" in lines[0]
+    assert "Traceback" not in result.output
+    assert gateway.requests == []
+
+
+def test_unreachable_gateway_exits_1_with_the_hint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_http, "_sleep", lambda s: None)
+    monkeypatch.setenv("AIR_CONFIG_FILE", str(tmp_path / "absent.toml"))
+
+    def refuse(request: requests.PreparedRequest) -> requests.Response:
+        raise requests.ConnectionError("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(
+        cli, "make_client", lambda *a, **k: Client(URL, "t", session=mock_session(refuse))
+    )
+    result = invoke("jobs")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        f"error: could not reach the gateway at {URL}: Connection refused;"
+        " start one with `air gateway start`"
+    )
+
+
+def test_unknown_job_exits_1(gateway: FakeGateway) -> None:
+    result = invoke("status", "j-404")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: no job j-404 (HTTP 404)"
+
+
+# -- submit --------------------------------------------------------------------
+
+
+def test_submit_prints_the_job_id_and_passes_args(gateway: FakeGateway, script: Path) -> None:
+    flags = ["--nodes", "2", "-e", "LR=0.1", "--name", "exp1"]
+    result = invoke("submit", str(script), *flags, "--", "--epochs", "3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "j-1"
+    spec = gateway.records["j-1"].spec
+    assert spec.args == ["--epochs", "3"]
+    assert spec.env == {"LR": "0.1"}
+    assert spec.resources.nodes == 2 and spec.name == "exp1"
+    assert spec.entrypoint == "train.py" and spec.bundle_sha256
+
+
+@pytest.mark.parametrize(("final", "code"), [(JobState.SUCCEEDED, 0), (JobState.FAILED, 1)])
+def test_submit_follow_exit_code_follows_the_job(
+    gateway: FakeGateway, script: Path, final: JobState, code: int
+) -> None:
+    gateway.final_state = final
+    result = invoke("submit", str(script), "--follow")
+    assert result.exit_code == code, result.output
+    assert "final loss" in result.stdout and "0.3333" in result.stdout
+    assert final.value in result.stdout
+    if final is JobState.FAILED:
+        # No FailureInfo on this record: the rank exit and log tail come from the events.
+        assert "failed: rank 1 exit code 3" in result.stdout and "boom" in result.stdout
+
+
+# -- reads ---------------------------------------------------------------------
+
+
+def test_jobs_json_is_a_list_of_job_records(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING)
+    gateway.add_job("j-2", JobState.QUEUED)
+    result = invoke("jobs", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [JobRecord.model_validate(d).id for d in data] == ["j-1", "j-2"]
+    assert data[0]["state"] == "RUNNING" and data[0]["spec"]["resources"]["nodes"] == 2
+
+
+def test_jobs_state_filter_and_table(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING, name="alpha")
+    result = invoke("jobs", "--state", "running")
+    assert result.exit_code == 0, result.output
+    assert "state=RUNNING" in gateway.requests[-1].url
+    for cell in ("j-1", "alpha", "RUNNING", "2 x 1", "1m"):
+        assert cell in result.stdout
+
+
+def test_status_json_is_the_job_record(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING)
+    result = invoke("status", "j-1", "--json")
+    assert result.exit_code == 0, result.output
+    assert JobRecord.model_validate(json.loads(result.stdout)) == gateway.records["j-1"]
+
+
+def test_status_of_a_failure_names_rank_exit_code_and_tail(gateway: FakeGateway) -> None:
+    failure = FailureInfo(
+        attempt=1, reason="worker crashed", rank=1, exit_code=3, log_tail=["Traceback", "KeyError"]
+    )
+    gateway.add_job("j-1", JobState.FAILED, failure=failure, state_reason="rank 1 failed")
+    gateway.run_to_end("j-1", JobState.FAILED)
+    result = invoke("status", "j-1")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "FAILED" in out and "reason: rank 1 failed" in out
+    assert "rank 1 exit code 3 (attempt 1): worker crashed" in out
+    assert "KeyError" in out
+    assert "step 3" in out and "loss 0.3333" in out
+
+
+def test_logs_prefix_lines_with_rank(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING)
+    gateway.run_to_end("j-1", JobState.SUCCEEDED)
+    result = invoke("logs", "j-1", "--tail", "5", "--rank", "1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "[rank 1] boom\n"
+    assert parse_qs(urlsplit(gateway.requests[-1].url).query) == {"tail": ["5"], "rank": ["1"]}
+
+
+def test_logs_follow_prints_new_lines_until_the_end(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING)
+    gateway.emit("j-1", "log", rank=0, lines=["loading data"])
+    gateway.logs_upto = 1  # the page holds the first line; the rest arrives while following
+    gateway.run_to_end("j-1", JobState.SUCCEEDED)
+    result = invoke("logs", "j-1", "-f")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "[rank 0] loading data\n[rank 1] boom\n"
+    assert "ended: SUCCEEDED" in result.stderr
+    stream = [r for r in gateway.requests if r.path_url.startswith("/v1/jobs/j-1/events/stream")]
+    assert parse_qs(urlsplit(stream[0].url).query)["after"] == ["1"]
+
+
+def test_metrics_table_and_json(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING)
+    gateway.run_to_end("j-1", JobState.SUCCEEDED, steps=30)
+    table = invoke("metrics", "j-1")
+    assert table.exit_code == 0, table.output
+    assert "LOSS" in table.stdout.upper()
+    assert len([line for line in table.stdout.splitlines() if line.strip()]) == 1 + 20
+    rows = json.loads(invoke("metrics", "j-1", "--json", "--all").stdout)
+    assert [r["step"] for r in rows] == list(range(1, 31))
+
+
+def test_cancel(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING)
+    result = invoke("cancel", "j-1")
+    assert result.exit_code == 0, result.output
+    assert "cancel requested for job j-1" in result.stdout
+    assert gateway.records["j-1"].cancel_requested
+
+
+def test_version() -> None:
+    import air_sdk
+
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"air {air_sdk.__version__}"
