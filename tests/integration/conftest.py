@@ -11,21 +11,23 @@ from pathlib import Path
 import pytest
 
 from air_sdk.client import Client
-from air_sdk.gateway.server import GatewayOptions, start_detached, stop_detached
+from air_sdk.gateway.server import GatewayOptions, GatewayProcess, start_detached, stop_detached
 from air_sdk.runner.backends.local import free_port
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     home = tmp_path_factory.mktemp("air-home")
     opts = GatewayOptions(
         port=free_port(), home=home, num_nodes=2, slots_per_node=1, write_client_config=False
     )
-    gw = start_detached(opts)
-    client = Client(gw.url, gw.token)
-    client.home = home  # type: ignore[attr-defined]
-    yield client
+    yield start_detached(opts)
     stop_detached(home)
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_process: GatewayProcess) -> Client:
+    return Client(gateway_process.url, gateway_process.token)
 
 
 @pytest.fixture
