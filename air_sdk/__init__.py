@@ -7,7 +7,6 @@ Example:
 """
 
 from air_sdk.errors import AirError
-from air_sdk.schema import JobSnapshot, JobSpec, JobState, Resources
 
 __version__ = "0.1.0"
 
@@ -24,9 +23,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # Lazy so `import air_sdk` stays light (no requests/tenacity until a client is made).
+    # Lazy so `import air_sdk` (and so every subpackage, e.g. the rank supervisor)
+    # stays light: no pydantic, requests or tenacity until they are used.
     if name in ("Client", "Job"):
         from air_sdk import client
 
         return getattr(client, name)
+    if name in ("JobSnapshot", "JobSpec", "JobState", "Resources"):
+        from air_sdk import schema
+
+        return getattr(schema, name)
     raise AttributeError(f"module 'air_sdk' has no attribute {name!r}")

@@ -238,9 +238,7 @@ class JobController:
 
     def _all_ranks_succeeded(self) -> bool:
         exits = self._rank_exits()
-        return len(exits) >= self.spec.resources.world_size and all(
-            e.ok for _, e in exits.values()
-        )
+        return len(exits) >= self.spec.resources.world_size and all(e.ok for _, e in exits.values())
 
     def _all_ranks_reported(self) -> bool:
         return (

@@ -23,8 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 from air_sdk.runtime._context import Context, context
-from air_sdk.runtime._dist import init, shutdown
-from air_sdk.runtime._shipper import get_shipper
 
 __all__ = [
     "Context",
@@ -37,49 +35,17 @@ __all__ = [
     "shutdown",
 ]
 
-
-def log(step: int, **values: Any) -> None:
-    """Record metrics for `step`; never blocks on I/O. Each call is also a heartbeat.
-
-    Values may be Python numbers, numpy scalars or one-element tensors (a CUDA
-    tensor costs a device sync: log every few steps, or pass `.item()` you
-    already have). A non-numeric value raises TypeError naming its key.
-
-    Example:
-        >>> import air_sdk.runtime as air
-        >>> air.log(step=1, loss=0.25, lr=3e-4)
-    """
-    get_shipper().log(step, **values)
+_LAZY = frozenset({"flush", "heartbeat", "init", "is_main", "log", "shutdown"})
 
 
-def heartbeat(step: int | None = None) -> None:
-    """Mark progress without metrics (e.g. in a long evaluation loop).
+def __getattr__(name: str) -> Any:
+    # The rank supervisor imports this package before it starts every rank; loading
+    # requests, tenacity and pydantic only on first use keeps that start fast. The
+    # value is then cached as a module global, so `air.log` costs nothing extra.
+    if name in _LAZY:
+        from air_sdk.runtime import _api
 
-    Example:
-        >>> import air_sdk.runtime as air
-        >>> air.heartbeat(step=100)
-    """
-    get_shipper().heartbeat(step)
-
-
-def flush(timeout: float = 10.0) -> bool:
-    """Wait until everything logged so far reached the gateway; False if `timeout` ran out.
-
-    Example:
-        >>> import air_sdk.runtime as air
-        >>> air.flush(timeout=5)
-        True
-    """
-    return get_shipper().flush(timeout)
-
-
-def is_main() -> bool:
-    """True on global rank 0.
-
-    Example:
-        >>> import air_sdk.runtime as air
-        >>> if air.is_main():
-        ...     print("saving the summary once")
-        saving the summary once
-    """
-    return context().rank == 0
+        value = getattr(_api, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'air_sdk.runtime' has no attribute {name!r}")

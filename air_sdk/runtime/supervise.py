@@ -25,12 +25,18 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime._context import context
-from air_sdk.runtime._shipper import MetricsShipper, shipper_from_env
-from air_sdk.schema.events import MAX_LOG_LINE_CHARS, RankExit
+
+if TYPE_CHECKING:
+    from air_sdk.runtime._shipper import MetricsShipper
+    from air_sdk.schema.events import RankExit
+
+# The same limit as air_sdk.schema.events.MAX_LOG_LINE_CHARS (a test keeps them equal);
+# not imported from there because pydantic would then load before the rank starts.
+MAX_LOG_LINE_CHARS = 16_384
 
 __all__ = ["TAIL_LINES", "main", "set_parent_death_signal"]
 
@@ -188,6 +194,8 @@ def _oom_kill_count() -> int | None:
 
 
 def _rank_exit(rank: int, returncode: int, tail: list[str], oom_before: int | None) -> RankExit:
+    from air_sdk.schema.events import RankExit
+
     if returncode >= 0:
         return RankExit(rank=rank, exit_code=returncode, tail=tail)
     signum = -returncode
@@ -257,6 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         preexec_fn=_child_preexec(os.getpid(), forwarder.uses_mask),
     )
     forwarder.start(child)
+    # Loaded only now, while the rank starts: requests, tenacity and pydantic cost
+    # about 0.25 s, which would otherwise delay every launch.
+    from air_sdk.runtime._shipper import shipper_from_env
+
     shipper = shipper_from_env(flush_interval=0.25)  # threads only after the fork
     shipper.heartbeat()  # the rank is up: the runner marks the job RUNNING once all are
     tail: deque[str] = deque(maxlen=TAIL_LINES)

@@ -68,7 +68,9 @@ class Backend(Protocol):
         """Current status of each node; never blocks."""
         ...
 
-    def terminate(self, handle: AttemptHandle, grace_s: float, *, wait_first_s: float = 0.0) -> None:
+    def terminate(
+        self, handle: AttemptHandle, grace_s: float, *, wait_first_s: float = 0.0
+    ) -> None:
         """Stop every process of the attempt: wait up to `wait_first_s` for it to end on
         its own, then SIGTERM, then SIGKILL after `grace_s`. Returns when nothing of the
         attempt is left."""

@@ -259,3 +259,19 @@ def test_no_script_prints_usage_and_exits_2(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "usage:" in done.stderr
+
+
+def test_the_supervisor_starts_light_and_keeps_the_schema_line_limit():
+    import subprocess
+    import sys
+
+    from air_sdk.runtime import supervise
+    from air_sdk.schema.events import MAX_LOG_LINE_CHARS
+
+    assert supervise.MAX_LOG_LINE_CHARS == MAX_LOG_LINE_CHARS
+    code = (
+        "import sys, air_sdk.runtime.supervise\n"
+        "print([m for m in ('pydantic', 'requests', 'tenacity', 'torch') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
