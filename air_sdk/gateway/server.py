@@ -22,12 +22,18 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import requests
 
 from air_sdk.config import DEFAULT_PORT, air_home, write_client_config
 from air_sdk.errors import AirError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from air_sdk.store import SqliteStore
 
 TOKEN_FILE = "token"
 STATE_FILE = "gateway.json"
@@ -61,7 +67,7 @@ class GatewayProcess:
     log_path: Path
 
 
-def _ensure_token(store, home: Path) -> str:  # type: ignore[no-untyped-def]
+def _ensure_token(store: SqliteStore, home: Path) -> str:
     """The embedded admin token: created once, kept (0600) in AIR_HOME so restarts and
     `air gateway start --detach` can hand it to the client config again."""
     path = home / TOKEN_FILE
@@ -76,7 +82,7 @@ def _ensure_token(store, home: Path) -> str:  # type: ignore[no-untyped-def]
     return token
 
 
-def build(opts: GatewayOptions):  # type: ignore[no-untyped-def]
+def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     """The app and its parts, without serving (tests and `serve` use this)."""
     from air_sdk.gateway.app import GatewayContext, create_app
     from air_sdk.runner import LocalBackend, Runner

@@ -139,30 +139,33 @@ class Runner:
         placements = schedule_fifo(requests, inventory, self.held_placements())
         started = []
         for placement in placements:
-            job = self.store.transition(
+            scheduled = self.store.transition(
                 placement.job_id,
                 JobState.SCHEDULED,
                 "placed on " + ", ".join(a.node for a in placement.nodes),
                 expect=(JobState.QUEUED,),
             )
-            if job is None:
+            if scheduled is None:
                 continue  # cancelled meanwhile
             ctl = JobController(
                 self.store,
                 self.backend,
-                job,
+                scheduled,
                 placement,
-                JobPaths(self.home / "jobs" / job.id),
+                JobPaths(self.home / "jobs" / scheduled.id),
                 self.gateway_url,
             )
             thread = threading.Thread(
-                target=self._run_controller, args=(ctl,), name=f"air-job-{job.id}", daemon=True
+                target=self._run_controller,
+                args=(ctl,),
+                name=f"air-job-{scheduled.id}",
+                daemon=True,
             )
             with self._lock:
-                self._controllers[job.id] = ctl
-                self._threads[job.id] = thread
+                self._controllers[scheduled.id] = ctl
+                self._threads[scheduled.id] = thread
             thread.start()
-            started.append(job.id)
+            started.append(scheduled.id)
         return started
 
     def _run_controller(self, ctl: JobController) -> None:

@@ -89,7 +89,7 @@ class JobSpec(_Frozen):
         2
     """
 
-    api_version: Literal["air/v1"] = API_VERSION
+    api_version: Literal["air/v1"] = "air/v1"
     name: str = Field("job", description="A label for people; 1-63 of [A-Za-z0-9._-].")
     entrypoint: str | None = Field(None, description="Script path, relative to the bundle root.")
     code: str | None = Field(None, description="Inline Python source run on every rank.")

@@ -266,7 +266,7 @@ class SqliteStore:
         limit: int = 100,
         oldest_first: bool = False,
     ) -> list[JobRecord]:
-        sql, args = "SELECT * FROM jobs WHERE 1=1", []
+        sql, args = "SELECT * FROM jobs WHERE 1=1", list[Any]()
         if tenant is not None:
             sql += " AND tenant = ?"
             args.append(tenant)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from air_sdk.scheduler import NodeSpec
 from air_sdk.schema import JobSpec, Placement
@@ -46,9 +46,8 @@ class NodeStatus:
         return self.exit_code is None
 
 
-class AttemptHandle(Protocol):
-    job_id: str
-    attempt: int
+#: what `launch` returns and the other methods take back; each backend has its own
+AttemptHandle = Any
 
 
 class Backend(Protocol):

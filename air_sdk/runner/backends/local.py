@@ -134,7 +134,7 @@ class LocalBackend:
             attempt.nodes.append(_Node(assignment.node, proc, log_path, {proc.pid}))
         return attempt
 
-    def poll(self, handle: LocalAttempt) -> list[NodeStatus]:  # type: ignore[override]
+    def poll(self, handle: LocalAttempt) -> list[NodeStatus]:
         statuses = []
         for node in handle.nodes:
             self._remember_tree(node)
@@ -145,7 +145,7 @@ class LocalBackend:
             statuses.append(NodeStatus(node.name, code, detail))
         return statuses
 
-    def terminate(  # type: ignore[override]
+    def terminate(
         self, handle: LocalAttempt, grace_s: float = 5.0, *, wait_first_s: float = 0.0
     ) -> None:
         for node in handle.nodes:
@@ -174,7 +174,7 @@ class LocalBackend:
             except subprocess.TimeoutExpired:
                 pass
 
-    def node_log_tail(self, handle: LocalAttempt, node: str, num_lines: int = 20) -> list[str]:  # type: ignore[override]
+    def node_log_tail(self, handle: LocalAttempt, node: str, num_lines: int = 20) -> list[str]:
         for n in handle.nodes:
             if n.name == node:
                 try:
