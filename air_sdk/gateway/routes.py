@@ -362,6 +362,8 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
         )
     if report.lines:
         items.append((EventType.LOG, report.model_dump_json(include={"lines"})))
+    if report.samples:
+        items.append((EventType.UTIL, report.model_dump_json(include={"samples"})))
     if report.exit is not None:
         items.append((EventType.RANK_EXIT, report.exit.model_dump_json()))
     step = report.heartbeat_step

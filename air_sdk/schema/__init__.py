@@ -20,6 +20,7 @@ from air_sdk.schema.api import (
 )
 from air_sdk.schema.events import (
     AttemptChange,
+    DeviceSample,
     Event,
     EventType,
     MetricPoint,
@@ -41,6 +42,7 @@ __all__ = [
     "AttemptRecord",
     "BundleInfo",
     "CheckpointSpec",
+    "DeviceSample",
     "ErrorBody",
     "Event",
     "EventPage",

@@ -25,6 +25,7 @@ class EventType(str, Enum):
     LOG = "log"  # data: {"lines": [str...]}, rank set
     RANK_EXIT = "rank_exit"  # data: RankExit, rank set
     CHECKPOINT = "checkpoint"  # data: checkpoint commit (resilience)
+    UTIL = "util"  # data: {"samples": [DeviceSample...]}, rank set (a node's sampler)
 
 
 class Event(BaseModel):
@@ -118,6 +119,22 @@ class RankExit(BaseModel):
         return f"rank {self.rank} {how}"
 
 
+class DeviceSample(BaseModel):
+    """Utilization of one device of one node at one time: a GPU (nvidia-ml-py) or, where
+    there is none, the node's CPU and memory (psutil)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    node: str
+    #: "gpu0", "gpu1", ... or "cpu"
+    device: str
+    ts: float
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    power_w: float | None = None
+
+
 class WorkerReport(BaseModel):
     """What a rank (its runtime or its supervisor) posts to the gateway, batched.
 
@@ -131,5 +148,6 @@ class WorkerReport(BaseModel):
     points: list[MetricPoint] = Field(default_factory=list, max_length=MAX_POINTS_PER_REPORT)
     lines: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES_PER_REPORT)
     exit: RankExit | None = None
+    samples: list[DeviceSample] = Field(default_factory=list, max_length=1000)
     heartbeat_step: int | None = None
     dropped_points: int = Field(0, ge=0, description="Points dropped on the worker (buffer full).")

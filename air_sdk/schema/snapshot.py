@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from air_sdk.schema.events import Event, EventType, RankExit
+from air_sdk.schema.api import FailureInfo
+from air_sdk.schema.events import DeviceSample, Event, EventType, RankExit
 from air_sdk.schema.state import JobState
 
 #: points kept per metric name for charts; older points are thinned, not dropped at random
@@ -50,6 +51,12 @@ class JobSnapshot(BaseModel):
     restarts_at_step: list[int] = Field(default_factory=list)
     log_tail: dict[int, list[str]] = Field(default_factory=dict)
     dropped_points: int = 0
+    #: the failure of the latest failed attempt (also set while RESTARTING)
+    failure: FailureInfo | None = None
+    #: latest sample per "node/device"
+    utilization: dict[str, DeviceSample] = Field(default_factory=dict)
+    #: committed checkpoints, oldest first (event data: step, path, size, seconds ...)
+    checkpoints: list[dict[str, Any]] = Field(default_factory=list)
 
     @classmethod
     def fold(cls, job_id: str, events: list[Event]) -> JobSnapshot:
@@ -81,6 +88,8 @@ class JobSnapshot(BaseModel):
     def _on_state(self, e: Event) -> None:
         self.state = JobState(e.data["state"])
         self.state_reason = e.data.get("reason", "")
+        if e.data.get("failure"):
+            self.failure = FailureInfo.model_validate(e.data["failure"])
         if self.state is JobState.RUNNING and self.started_at is None:
             self.started_at = e.ts
         if self.state is JobState.RESTARTING:
@@ -119,6 +128,14 @@ class JobSnapshot(BaseModel):
     def _on_rank_exit(self, e: Event) -> None:
         self.rank_exits.append(RankExit.model_validate(e.data))
 
+    def _on_util(self, e: Event) -> None:
+        for raw in e.data.get("samples", []):
+            sample = DeviceSample.model_validate(raw)
+            self.utilization[f"{sample.node}/{sample.device}"] = sample
+
+    def _on_checkpoint(self, e: Event) -> None:
+        self.checkpoints.append(dict(e.data))
+
 
 def _append_point(points: list[tuple[int, float]], step: int, value: float) -> None:
     points.append((step, value))
@@ -134,4 +151,6 @@ _HANDLERS: dict[EventType, Any] = {
     EventType.METRICS: JobSnapshot._on_metrics,
     EventType.LOG: JobSnapshot._on_log,
     EventType.RANK_EXIT: JobSnapshot._on_rank_exit,
+    EventType.UTIL: JobSnapshot._on_util,
+    EventType.CHECKPOINT: JobSnapshot._on_checkpoint,
 }

@@ -309,13 +309,10 @@ class SqliteStore:
                 sets.append("failure = ?")
                 args.append(failure.model_dump_json())
             c.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, job_id))
-            self._append(
-                c,
-                job_id,
-                EventType.STATE,
-                {"state": state.value, "previous": prev.value, "reason": reason},
-                attempt=row["attempt"] or None,
-            )
+            data: dict[str, Any] = {"state": state.value, "previous": prev.value, "reason": reason}
+            if failure is not None:
+                data["failure"] = failure.model_dump(mode="json")
+            self._append(c, job_id, EventType.STATE, data, attempt=row["attempt"] or None)
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _job_from_row(row)
 

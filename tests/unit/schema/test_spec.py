@@ -84,3 +84,39 @@ def test_snapshot_folds_events_and_ignores_repeats():
     assert snap.steps_per_second == pytest.approx(5.0)
     assert snap.log_tail[1] == ["hello"]
     assert snap.last_seq == 6
+
+
+def test_snapshot_keeps_failure_utilization_and_checkpoints():
+    events = [
+        ev(
+            1,
+            "state",
+            {
+                "state": "RESTARTING",
+                "reason": "rank 1 exit code 3",
+                "failure": {
+                    "attempt": 1,
+                    "reason": "rank 1 exit code 3",
+                    "rank": 1,
+                    "exit_code": 3,
+                },
+            },
+        ),
+        ev(
+            2,
+            "util",
+            {
+                "samples": [
+                    {"node": "node-0", "device": "cpu", "ts": 2.0, "util_pct": 50.0},
+                    {"node": "node-0", "device": "cpu", "ts": 3.0, "util_pct": 75.0},
+                ]
+            },
+            rank=0,
+        ),
+        ev(3, "checkpoint", {"step": 100, "path": "/ckpt/100"}),
+    ]
+    snap = JobSnapshot.fold("j", events)
+    assert snap.failure is not None and (snap.failure.rank, snap.failure.exit_code) == (1, 3)
+    assert snap.num_restarts == 1
+    assert snap.utilization["node-0/cpu"].util_pct == 75.0
+    assert [c["step"] for c in snap.checkpoints] == [100]
