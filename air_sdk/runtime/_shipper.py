@@ -32,6 +32,7 @@ __all__ = ["MetricsShipper", "get_shipper", "shipper_from_env"]
 
 _MAX_REPORT_LINE_CHARS = 1_000_000  # keeps one report's body around a megabyte
 _LINE_OVERHEAD = 64  # about what a str object costs besides its characters
+_MAX_PENDING_SAMPLES = 64
 
 
 @dataclass(slots=True)
@@ -41,6 +42,7 @@ class _Batch:
     dropped_points: int = 0
     heartbeat_step: int | None = None
     exit: dict[str, Any] | None = field(default=None)
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self, rank: int) -> bytes:
         # Plain dicts and json.dumps: no pydantic objects per point on any path.
@@ -53,6 +55,8 @@ class _Batch:
             body["heartbeat_step"] = self.heartbeat_step
         if self.dropped_points:
             body["dropped_points"] = self.dropped_points
+        if self.samples:
+            body["samples"] = self.samples
         text = json.dumps(body, separators=(",", ":"))
         if self.points:
             text = f'{text[:-1]},"points":{_points_json(self.points)}}}'
@@ -148,6 +152,7 @@ class MetricsShipper:
         self._line_bytes = 0  # what the pending lines cost, about
         self._heartbeat_pending = False
         self._exit: dict[str, Any] | None = None
+        self._samples: list[dict[str, Any]] = []
         self._num_enqueued = 0  # every item handed to the shipper, to tell flush() when it is done
         self._num_settled = 0
         self._settled = threading.Condition()
@@ -208,6 +213,15 @@ class MetricsShipper:
             self._line_bytes += len(line) + _LINE_OVERHEAD
             if self._line_bytes > self._max_line_bytes:
                 self._trim_lines()
+            self._num_enqueued += 1
+
+    def add_samples(self, samples: list[dict[str, Any]]) -> None:
+        """Queue device utilization samples (DeviceSample dicts) from the node's sampler.
+        Only the newest few are kept: they describe now, not history worth buffering."""
+        if not self._enabled or not samples:
+            return
+        with self._lock:
+            self._samples = (self._samples + samples)[-_MAX_PENDING_SAMPLES:]
             self._num_enqueued += 1
 
     def report_exit(self, rank_exit: RankExit) -> None:
@@ -280,11 +294,12 @@ class MetricsShipper:
             heartbeat = self._heartbeat_pending
             self._heartbeat_pending = False
             rank_exit, self._exit = self._exit, None
+            samples, self._samples = self._samples, []
             taken = self._num_enqueued
             last_step = self.last_step
         if dropped_lines:
             lines.appendleft(f"[air] {dropped_lines} earlier output lines were dropped")
-        if points or lines or heartbeat or rank_exit or dropped:
+        if points or lines or heartbeat or rank_exit or dropped or samples:
             batches = _split(list(points), list(lines))
             batches[0].dropped_points = dropped
             for batch in batches:
@@ -292,6 +307,7 @@ class MetricsShipper:
             if heartbeat or points:
                 batches[-1].heartbeat_step = last_step
             batches[-1].exit = rank_exit
+            batches[-1].samples = samples
             for index, batch in enumerate(batches):
                 outcome = self._poster.post(batch.to_json(self.rank))
                 if outcome is PostOutcome.FAILED:

@@ -248,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if set_parent_death_signal() and os.getppid() != parent:
         return 128 + signal.SIGKILL  # the agent died while we started
     try:
-        rank = context().rank
+        ctx = context()
+        rank = ctx.rank
     except ConfigError as exc:
         print(f"air: {exc}", file=sys.stderr)
         return 2
@@ -271,6 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     shipper = shipper_from_env(flush_interval=0.25)  # threads only after the fork
     shipper.heartbeat()  # the rank is up: the runner marks the job RUNNING once all are
+    sampler = None
+    if ctx.local_rank == 0 and shipper.enabled:  # one sampler per node
+        from air_sdk.runtime._sampler import DeviceSampler
+
+        sampler = DeviceSampler(ctx.node_name, shipper)
+        sampler.start()
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     tail_lock = threading.Lock()
     assert child.stdout is not None
@@ -288,6 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank_exit = _rank_exit(rank, returncode, last_lines, oom_before)
     _write_exit_file(rank_exit)  # first: the local runner reads it even if posting fails
     shipper.report_exit(rank_exit)
+    if sampler is not None:
+        sampler.stop()
     shipper.close(timeout=_FINAL_FLUSH_S)
     return returncode if returncode >= 0 else 128 - returncode
 

@@ -94,6 +94,12 @@ def test_cancel_leaves_no_process_behind(gateway, workdir):
     job = gateway.submit_script(workdir(SLEEPY_SCRIPT) / "train.py", nodes=2)
     wait_for(lambda: job.status() is JobState.RUNNING, 90, "RUNNING")
     wait_for(lambda: job.metrics(), 30, "first metrics")
+    # each node's sampler reports its CPU (no GPU here) while the job runs
+    wait_for(
+        lambda: {key.split("/")[0] for key in job.snapshot().utilization} == {"node-0", "node-1"},
+        30,
+        "utilization samples from both nodes",
+    )
     job.cancel()
     record = job.wait(timeout=60)
     assert record.state is JobState.CANCELLED
