@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import re
@@ -364,12 +365,22 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
         items.append((EventType.LOG, report.model_dump_json(include={"lines"})))
     if report.samples:
         items.append((EventType.UTIL, report.model_dump_json(include={"samples"})))
+    items.extend((EventType.CHECKPOINT, record.model_dump_json()) for record in report.checkpoints)
     if report.exit is not None:
         items.append((EventType.RANK_EXIT, report.exit.model_dump_json()))
     step = report.heartbeat_step
     if step is None and report.points:
         step = report.points[-1].step
+    progress = bool(report.points) or report.heartbeat_step is not None
     await run_in_threadpool(
-        ctx.store.append_worker_events, job_id, attempt, report.rank, items, step
+        functools.partial(
+            ctx.store.append_worker_events,
+            job_id,
+            attempt,
+            report.rank,
+            items,
+            step,
+            progress=progress,
+        )
     )
     return Response(status_code=204)

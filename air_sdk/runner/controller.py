@@ -2,8 +2,8 @@
 
 `step()` does one bounded iteration and returns (previous, next) state, so tests
 can drive it with a fake backend and assert the state after every iteration.
-Decisions come from policy objects (`RestartPolicy`, `diagnose`); the
-controller only acts on them.
+Decisions come from policy objects (`RestartPolicy`, `HangPolicy`,
+`StragglerPolicy`, `diagnose`); the controller only acts on them.
 """
 
 from __future__ import annotations
@@ -11,12 +11,21 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
-from air_sdk.runner.policy import FailureAction, RestartPolicy, diagnose
+from air_sdk.runner.policy import (
+    FailureAction,
+    HangPolicy,
+    RankProgress,
+    RestartPolicy,
+    StragglerPolicy,
+    diagnose,
+)
 from air_sdk.schema import EventType, FailureInfo, JobRecord, JobState, Placement, RankExit
+from air_sdk.schema.api import FailureKind
 from air_sdk.store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -24,6 +33,8 @@ log = logging.getLogger(__name__)
 INLINE_ENTRYPOINT = "__air_main__.py"
 #: after every rank exited 0, how long launchers get to leave on their own
 SUCCESS_EXIT_WAIT_S = 5.0
+#: how often the (cheap) progress checks run
+PROGRESS_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -45,11 +56,11 @@ class JobPaths:
 
 
 class JobController:
-    """Runs one job from SCHEDULED to a terminal state on a backend.
+    """Runs one job from SCHEDULED (or a re-attached attempt) to a terminal state.
 
     Example (see tests/unit/runner for a fake backend):
         >>> ctl = JobController(store, backend, job, placement, paths, gateway_url)  # doctest: +SKIP
-        >>> while not ctl.done:
+        >>> while not ctl.finished:
         ...     ctl.step()  # doctest: +SKIP
     """
 
@@ -64,6 +75,8 @@ class JobController:
         *,
         prepare_code: bool = True,
         teardown_grace_s: float = 5.0,
+        unhealthy_nodes: Callable[[], set[str]] | None = None,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -73,20 +86,36 @@ class JobController:
         self.placement = placement
         self.paths = paths
         self.gateway_url = gateway_url
-        self.policy = RestartPolicy(max_restarts=job.spec.max_restarts)
+        self.policy = restart_policy or RestartPolicy(
+            max_restarts=job.spec.max_restarts, spec=job.spec.failure
+        )
+        self.hang_policy = HangPolicy(timeout_s=job.spec.failure.hang_timeout_s)
+        self.straggler_policy = StragglerPolicy()
         self.teardown_grace_s = teardown_grace_s
         self.state = job.state
-        self.num_restarts = job.num_restarts
+        self.charged_restarts = job.charged_restarts
         self.handle: AttemptHandle | None = None
         self.attempt = job.attempt
         self.attempt_started = 0.0
         self.job_started = time.monotonic()
+        #: set when the job went back to the queue (e.g. a node of its placement became
+        #: unhealthy): this controller is done, a new one will run the next placement
+        self.released = False
+        self._unhealthy_nodes = unhealthy_nodes or (lambda: set())
         self._prepare_code = prepare_code
         self._code_ready = False
+        self._progress: dict[int, RankProgress] = {}
+        self._reported_stragglers: set[int] = set()
+        self._next_progress_check = 0.0
 
     @property
     def done(self) -> bool:
         return self.state.terminal
+
+    @property
+    def finished(self) -> bool:
+        """Nothing left for this controller to do (the job ended or was requeued)."""
+        return self.done or self.released
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -99,9 +128,7 @@ class JobController:
             self.state = job.state
             return previous, self.state
         if job.cancel_requested:
-            self._teardown()
-            self._end_attempt("cancelled by user")
-            self._move(JobState.CANCELLED, "cancelled by user")
+            self._cancel()
             return previous, self.state
         if self.state in (JobState.SCHEDULED, JobState.RESTARTING):
             self._launch()
@@ -109,21 +136,59 @@ class JobController:
             self._watch()
         return previous, self.state
 
-    def abort(self, reason: str) -> None:
-        """Stop every process of the job and fail it with `reason` (runner shutdown,
-        an internal error). Safe to call whatever state the controller is in."""
+    def attach(self, handle: AttemptHandle) -> None:
+        """Adopt an attempt whose processes outlived a previous gateway."""
+        self.handle = handle
+        self.attempt_started = time.monotonic()
+
+    def recover_lost_attempt(self) -> None:
+        """The current attempt's processes are gone and nobody watched them end (the
+        gateway was down): judge it by the exit records its supervisors left. Every
+        rank exited 0: SUCCEEDED. One failed: the usual failure path. Nothing to go
+        by: relaunch, not charged to the restart budget."""
+        exits = self._rank_exits()
+        if self._all_ranks_succeeded():
+            self._end_attempt("succeeded")
+            self._move(JobState.SUCCEEDED, "every rank exited 0 (seen after a gateway restart)")
+        elif any(not e.ok for _, e in exits.values()):
+            failure = diagnose(
+                self.attempt, list(exits.values()), [e for _, e in exits.values()], [], {}
+            )
+            self._fail_or_restart(failure)
+        else:
+            reason = "the gateway restarted and the job's processes were gone"
+            failure = FailureInfo(
+                attempt=self.attempt, reason=reason, kind="gateway", charged=False
+            )
+            self._fail_or_restart(failure)
+
+    def abort(self, reason: str, kind: FailureKind = "internal") -> None:
+        """Stop every process of the job and fail it with `reason` (an internal error).
+        Safe to call whatever state the controller is in."""
         self._teardown()
         if self.state.terminal:
             return
-        failure = FailureInfo(attempt=self.attempt, reason=reason)
+        failure = FailureInfo(attempt=self.attempt, reason=reason, kind=kind)
         self._end_attempt(reason, failure)
         self._move(JobState.FAILED, reason, failure)
 
     # -- actions -------------------------------------------------------------------------
 
-    def _move(self, state: JobState, reason: str, failure: FailureInfo | None = None) -> None:
-        self.store.transition(self.job_id, state, reason, failure=failure)
+    def _move(
+        self,
+        state: JobState,
+        reason: str,
+        failure: FailureInfo | None = None,
+        *,
+        charged: bool = True,
+    ) -> None:
+        self.store.transition(self.job_id, state, reason, failure=failure, charged=charged)
         self.state = state
+
+    def _cancel(self) -> None:
+        self._teardown()
+        self._end_attempt("cancelled by user")
+        self._move(JobState.CANCELLED, "cancelled by user")
 
     def _launch(self) -> None:
         try:
@@ -135,13 +200,15 @@ class JobController:
             self._move(JobState.FAILED, failure.reason, failure)
             return
         self.attempt, token = self.store.start_attempt(self.job_id, self.placement)
-        attempt_dir = self.paths.attempt(self.attempt)
+        self._progress = {}
+        self._reported_stragglers = set()
         env = {
             "AIR_JOB_ID": self.job_id,
             "AIR_ATTEMPT": str(self.attempt),
             "AIR_GATEWAY_URL": self.gateway_url,
             "AIR_JOB_TOKEN": token,
             "AIR_CHECKPOINT_DIR": self.spec.checkpoint.dir or str(self.paths.checkpoints),
+            "AIR_CHECKPOINT_KEEP": str(self.spec.checkpoint.keep),
         }
         request = LaunchRequest(
             job_id=self.job_id,
@@ -149,7 +216,7 @@ class JobController:
             spec=self.spec,
             placement=self.placement,
             code_dir=self.paths.code,
-            attempt_dir=attempt_dir,
+            attempt_dir=self.paths.attempt(self.attempt),
             entrypoint=entrypoint,
             env=env,
         )
@@ -182,6 +249,7 @@ class JobController:
             self._teardown()
             failure = FailureInfo(
                 attempt=self.attempt,
+                kind="timeout",
                 reason=f"the job ran past its timeout of {self.spec.timeout_s:g} s: raise timeout_s",
             )
             self._end_attempt(failure.reason, failure)
@@ -193,12 +261,66 @@ class JobController:
         ):
             failure = FailureInfo(
                 attempt=self.attempt,
+                kind="startup",
                 reason=f"not every rank started within {self.spec.startup_timeout_s:g} s"
                 " (startup_timeout_s)",
                 log_tail=self._node_tails(self.handle).get(self.placement.nodes[0].node, []),
             )
             self._teardown()
             self._fail_or_restart(failure)
+            return
+        if now >= self._next_progress_check:
+            self._next_progress_check = now + PROGRESS_CHECK_S
+            self._check_progress()
+
+    # -- hangs and stragglers ----------------------------------------------------------------
+
+    def _check_progress(self) -> None:
+        for rank, (step, _ts, progress_ts) in self.store.heartbeats(
+            self.job_id, self.attempt
+        ).items():
+            self._progress.setdefault(rank, RankProgress()).observe(step, progress_ts)
+        stalled = self.hang_policy.stalled(self._progress, time.time())
+        if stalled:
+            self._on_hang(stalled)
+            return
+        for rank in self.straggler_policy.stragglers(self._progress):
+            if rank not in self._reported_stragglers:
+                self._reported_stragglers.add(rank)
+                self.store.append_event(
+                    self.job_id,
+                    EventType.ALERT,
+                    {
+                        "kind": "straggler",
+                        "rank": rank,
+                        "detail": f"rank {rank}'s step time stays above "
+                        f"{self.straggler_policy.factor:g}x the other ranks'",
+                    },
+                    attempt=self.attempt,
+                    rank=rank,
+                )
+
+    def _on_hang(self, stalled: list[int]) -> None:
+        assert self.handle is not None
+        timeout = self.hang_policy.timeout_for(self._progress)
+        stacks = self.backend.rank_stacks(self.handle)
+        handle = self.handle
+        self._teardown()
+        steps = {r: self._progress[r].step for r in stalled}
+        failure = FailureInfo(
+            attempt=self.attempt,
+            kind="hang",
+            reason=f"no progress from rank{'s' if len(stalled) > 1 else ''} "
+            + ", ".join(f"{r} (last step {steps[r]})" for r in stalled)
+            + f" for {timeout:g} s (hang_timeout_s)",
+            rank=stalled[0],
+            stalled_ranks=stalled,
+            stacks=stacks,
+            log_tail=self._node_tails(handle).get(self.placement.nodes[0].node, [])[-5:],
+        )
+        self._fail_or_restart(failure)
+
+    # -- failures --------------------------------------------------------------------------
 
     def _on_failure(self, nodes: list[NodeStatus]) -> None:
         before = self._rank_exits()
@@ -216,14 +338,42 @@ class JobController:
 
     def _fail_or_restart(self, failure: FailureInfo) -> None:
         self._end_attempt(failure.reason, failure)
-        decision = self.policy.make_decision(failure, num_restarts=self.num_restarts)
-        if decision.action is FailureAction.RESTART:
-            self.num_restarts += 1
-            self._move(JobState.RESTARTING, decision.reason, failure)
-            if decision.delay_s:
-                time.sleep(decision.delay_s)
-        else:
+        if (
+            failure.node is not None
+            and failure.charged
+            and failure.kind in ("crash", "lost_node", "oom")
+        ):
+            self.store.record_node_failure(failure.node)
+        decision = self.policy.make_decision(failure, num_restarts=self.charged_restarts)
+        if decision.action is not FailureAction.RESTART:
             self._move(JobState.FAILED, decision.reason, failure)
+            return
+        if decision.charged:
+            self.charged_restarts += 1
+        self._move(JobState.RESTARTING, decision.reason, failure, charged=decision.charged)
+        if self._sleep_unless_cancelled(decision.delay_s):
+            self._cancel()
+            return
+        bad = self._unhealthy_nodes() & {a.node for a in self.placement.nodes}
+        if bad:
+            # Back to the queue: the scheduler places the next attempt without them.
+            self._move(
+                JobState.QUEUED,
+                f"waiting for a placement without unhealthy node{'s' if len(bad) > 1 else ''} "
+                + ", ".join(sorted(bad)),
+            )
+            self.released = True
+
+    def _sleep_unless_cancelled(self, delay_s: float) -> bool:
+        deadline = time.monotonic() + delay_s
+        while True:
+            job = self.store.get_job(self.job_id)
+            if job is not None and job.cancel_requested:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.1, left))
 
     def _teardown(self, wait_first_s: float = 0.0) -> None:
         if self.handle is not None:
@@ -234,7 +384,7 @@ class JobController:
         if self.attempt:
             self.store.end_attempt(self.job_id, self.attempt, reason, failure)
 
-    # -- reading what workers left ---------------------------------------------------------
+    # -- reading what workers left -----------------------------------------------------------
 
     def _all_ranks_succeeded(self) -> bool:
         exits = self._rank_exits()

@@ -1,13 +1,26 @@
-"""Policies decide, controllers act: what to do after an attempt fails, and who is to blame."""
+"""Policies decide, controllers act: what to do after a failure, who is to blame, when a
+rank hangs or straggles, and when a node is too unreliable to place on.
+
+Every policy here is a pure function of its inputs (plus an injected random source
+for jitter), so each rule has a plain unit test.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import random
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 
 from air_sdk.runner.backends.base import NodeStatus
-from air_sdk.schema import FailureInfo, RankExit
+from air_sdk.schema import FailureInfo, FailurePolicySpec, RankExit
+
+#: the exit status of a process ended by SIGTERM (128 + 15)
+SIGTERM_EXIT = 143
+DEFAULT_HANG_TIMEOUT_S = 60.0
+HANG_STEP_FACTOR = 3.0
 
 
 class FailureAction(str, Enum):
@@ -20,14 +33,18 @@ class FailureDecision:
     action: FailureAction
     reason: str
     delay_s: float = 0.0
+    #: whether this restart uses up one of `max_restarts`
+    charged: bool = True
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """Restart a failed attempt while the job's restart budget lasts.
+    """Restart a failed attempt while the budget lasts, after an exponential backoff
+    with full jitter; fail at once on failures declared non-retryable. Preemptions and
+    other uncharged failures restart without using the budget.
 
     Example:
-        >>> f = FailureInfo(attempt=1, reason="rank 1 exit code 3")
+        >>> f = FailureInfo(attempt=1, reason="rank 1 exit code 3", exit_code=3)
         >>> RestartPolicy(max_restarts=1).make_decision(f, num_restarts=0).action
         <FailureAction.RESTART: 'restart'>
         >>> RestartPolicy(max_restarts=1).make_decision(f, num_restarts=1).action
@@ -35,12 +52,31 @@ class RestartPolicy:
     """
 
     max_restarts: int = 0
+    spec: FailurePolicySpec = field(default_factory=FailurePolicySpec)
+    rng: random.Random = field(default_factory=random.Random, compare=False)
+
+    def backoff_s(self, num_restarts: int) -> float:
+        """Full jitter: uniform in [0, min(max, base * 2**n)] (AWS's recommendation:
+        restarts of many jobs do not stampede the cluster in lockstep)."""
+        cap = min(self.spec.backoff_max_s, self.spec.backoff_base_s * (2**num_restarts))
+        return self.rng.uniform(cap / 2, cap) if cap > 0 else 0.0
 
     def make_decision(self, failure: FailureInfo, *, num_restarts: int) -> FailureDecision:
+        not_retryable = self._non_retryable(failure)
+        if not_retryable:
+            return FailureDecision(FailureAction.FAIL, f"{failure.reason}; {not_retryable}")
+        if not failure.charged:
+            return FailureDecision(
+                FailureAction.RESTART,
+                f"{failure.reason}; restarting (not charged to the restart budget)",
+                delay_s=0.0,
+                charged=False,
+            )
         if num_restarts < self.max_restarts:
             return FailureDecision(
                 FailureAction.RESTART,
                 f"{failure.reason}; restart {num_restarts + 1} of {self.max_restarts}",
+                delay_s=self.backoff_s(num_restarts),
             )
         if self.max_restarts == 0:
             return FailureDecision(FailureAction.FAIL, f"{failure.reason} (max_restarts is 0)")
@@ -50,6 +86,18 @@ class RestartPolicy:
             " or fix the failure",
         )
 
+    def _non_retryable(self, failure: FailureInfo) -> str:
+        if (
+            failure.exit_code is not None
+            and failure.exit_code in self.spec.non_retryable_exit_codes
+        ):
+            return f"exit code {failure.exit_code} is declared non-retryable"
+        for pattern in self.spec.non_retryable_patterns:
+            for line in failure.log_tail:
+                if re.search(pattern, line):
+                    return f"its log matches the non-retryable pattern {pattern!r}"
+        return ""
+
 
 def diagnose(
     attempt: int,
@@ -57,13 +105,17 @@ def diagnose(
     all_exits: Sequence[RankExit],
     nodes: Sequence[NodeStatus],
     node_log_tails: dict[str, list[str]],
+    *,
+    terminated_by_runner: bool = False,
 ) -> FailureInfo:
     """Name the root cause of a failed attempt.
 
     The first rank that ended badly *before* the runner tore the attempt down is
     the cause; ranks that died afterwards (SIGTERM, or a peer's broken
-    connection) are consequences. Without any rank exit, a node's launcher died:
-    the node is reported lost, with its launcher's last lines.
+    connection) are consequences. A root cause killed by SIGTERM that the runner
+    did not send is a preemption (not charged to the restart budget). Without any
+    rank exit, a node's launcher died: the node is reported lost, with its
+    launcher's last lines.
 
     Example:
         >>> bad = RankExit(rank=1, exit_code=3, tail=["boom"])
@@ -71,16 +123,25 @@ def diagnose(
         'rank 1 exit code 3'
     """
     failed = sorted(((ts, e) for ts, e in exits_before_teardown if not e.ok), key=lambda te: te[0])
+    everyone = sorted(all_exits, key=lambda e: e.rank)
     if failed:
         root = failed[0][1]
+        preempted = not terminated_by_runner and (
+            root.signal == "SIGTERM" or root.exit_code == SIGTERM_EXIT
+        )
+        kind = "preempted" if preempted else ("oom" if root.oom_killed else "crash")
+        reason = root.describe() + (" (preempted: SIGTERM from outside AIR)" if preempted else "")
         return FailureInfo(
             attempt=attempt,
-            reason=root.describe(),
+            reason=reason,
+            kind=kind,
+            node=root.node,
             rank=root.rank,
             exit_code=root.exit_code,
             signal=root.signal,
             log_tail=list(root.tail),
-            rank_exits=sorted(all_exits, key=lambda e: e.rank),
+            rank_exits=everyone,
+            charged=not preempted,
         )
     bad_nodes = [n for n in nodes if n.exit_code not in (None, 0)]
     if bad_nodes:
@@ -89,8 +150,125 @@ def diagnose(
         return FailureInfo(
             attempt=attempt,
             reason=f"node {node.node} lost: {how}",
+            kind="lost_node",
+            node=node.node,
             exit_code=node.exit_code if node.exit_code and node.exit_code > 0 else None,
             log_tail=node_log_tails.get(node.node, []),
-            rank_exits=sorted(all_exits, key=lambda e: e.rank),
+            rank_exits=everyone,
         )
     return FailureInfo(attempt=attempt, reason="the attempt failed for an unknown reason")
+
+
+@dataclass
+class RankProgress:
+    """What the controller has seen of one rank's progress."""
+
+    step: int | None = None
+    #: when the step last advanced (or the rank last sent an explicit heartbeat)
+    progress_ts: float | None = None
+    #: seconds between consecutive progress reports, most recent last
+    intervals: list[float] = field(default_factory=list)
+
+    def observe(self, step: int | None, progress_ts: float | None) -> None:
+        if progress_ts is None or (
+            self.progress_ts is not None and progress_ts <= self.progress_ts
+        ):
+            return
+        if (
+            self.progress_ts is not None
+            and step is not None
+            and self.step is not None
+            and step > self.step
+        ):
+            per_step = (progress_ts - self.progress_ts) / (step - self.step)
+            self.intervals = (self.intervals + [per_step])[-200:]
+        self.step, self.progress_ts = step, progress_ts
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    """A rank that made progress once and then none for `timeout` is hung.
+
+    The timeout is the configured one, else max(60 s, 3x the p99 step time seen
+    so far): a checkpoint save that takes a few step times is never a hang.
+    Ranks that never report progress (scripts without air.log/heartbeat) are not
+    judged: AIR cannot tell their silence from work.
+
+    Example:
+        >>> ranks = {0: RankProgress(5, 100.0), 1: RankProgress(5, 10.0)}
+        >>> HangPolicy().stalled(ranks, now=100.0)
+        [1]
+    """
+
+    timeout_s: float | None = None
+
+    def timeout_for(self, ranks: Mapping[int, RankProgress]) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        intervals = sorted(i for p in ranks.values() for i in p.intervals)
+        if not intervals:
+            return DEFAULT_HANG_TIMEOUT_S
+        p99 = intervals[min(len(intervals) - 1, int(0.99 * len(intervals)))]
+        return max(DEFAULT_HANG_TIMEOUT_S, HANG_STEP_FACTOR * p99)
+
+    def stalled(self, ranks: Mapping[int, RankProgress], now: float) -> list[int]:
+        timeout = self.timeout_for(ranks)
+        return sorted(
+            r
+            for r, p in ranks.items()
+            if p.progress_ts is not None and now - p.progress_ts > timeout
+        )
+
+
+@dataclass(frozen=True)
+class StragglerPolicy:
+    """A rank whose median step time stays above `factor` x the median of the other
+    ranks' medians, over at least `min_samples` steps, is a straggler (reported, not
+    killed).
+
+    Example:
+        >>> fast = RankProgress(intervals=[1.0] * 10)
+        >>> slow = RankProgress(intervals=[3.0] * 10)
+        >>> StragglerPolicy().stragglers({0: fast, 1: fast, 2: slow})
+        [2]
+    """
+
+    factor: float = 2.0
+    min_samples: int = 10
+
+    def stragglers(self, ranks: Mapping[int, RankProgress]) -> list[int]:
+        medians = {
+            r: statistics.median(p.intervals[-50:])
+            for r, p in ranks.items()
+            if len(p.intervals) >= self.min_samples
+        }
+        if len(medians) < 2:
+            return []
+        out = []
+        for r, m in medians.items():
+            others = [v for k, v in medians.items() if k != r]
+            if m > self.factor * statistics.median(others):
+                out.append(r)
+        return sorted(out)
+
+
+@dataclass(frozen=True)
+class NodeHealthPolicy:
+    """A node blamed for `threshold` failures (crashes on it, lost launchers) is
+    unhealthy and left out of placements until `cooldown_s` passed since its last
+    failure.
+
+    Example:
+        >>> NodeHealthPolicy(threshold=2).unhealthy({"n1": (2, 100.0)}, now=110.0)
+        {'n1'}
+    """
+
+    threshold: int = 2
+    cooldown_s: float = 300.0
+
+    def unhealthy(self, failures: Mapping[str, tuple[int, float]], now: float) -> set[str]:
+        return {
+            node
+            for node, (count, last) in failures.items()
+            if count >= self.threshold and now - last < self.cooldown_s
+        }

@@ -7,18 +7,17 @@ its job ends. The runner reads and writes only the store, never HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import signal
 import threading
 import time
 from pathlib import Path
 
 from air_sdk.runner.backends.base import Backend
-from air_sdk.runner.backends.local import job_processes
 from air_sdk.runner.controller import JobController, JobPaths
-from air_sdk.scheduler import JobRequest, fits_ever, schedule_fifo
-from air_sdk.schema import FailureInfo, JobSpec, JobState
+from air_sdk.runner.policy import NodeHealthPolicy
+from air_sdk.scheduler import JobRequest, NodeSpec, fits_ever, schedule_fifo
+from air_sdk.schema import EventType, FailureInfo, JobRecord, JobSpec, JobState, Placement
 from air_sdk.store import SqliteStore
 from air_sdk.store.sqlite import ACTIVE_STATES
 
@@ -52,12 +51,14 @@ class Runner:
         gateway_url: str,
         *,
         tick_s: float = 0.1,
+        node_health: NodeHealthPolicy | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
         self.home = home
         self.gateway_url = gateway_url
         self.tick_s = tick_s
+        self.node_health = node_health or NodeHealthPolicy()
         self._controllers: dict[str, JobController] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -66,40 +67,39 @@ class Runner:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._stop.clear()
         self._recover()
         self._thread = threading.Thread(target=self._loop, name="air-runner", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop scheduling, then stop every active job's processes and fail the job with
-        a reason that says so (re-attaching after a restart comes with resilience)."""
+        """Stop scheduling and watching. Jobs keep running: their processes do not
+        depend on the gateway, and the next gateway on this home re-attaches to them."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         with self._lock:
             threads = list(self._threads.values())
-            controllers = list(self._controllers.values())
         for t in threads:
             t.join(timeout_s)
-        for ctl in controllers:
-            if not ctl.done:
-                ctl.abort("the gateway was stopped while the job ran; resubmit it")
 
     def wake(self) -> None:
         """Schedule now (called after a submit or cancel) instead of at the next tick."""
         self._wake.set()
 
-    def allocations(self) -> dict[str, list[str]]:
-        """Node name -> ids of the jobs holding slots on it."""
-        out: dict[str, list[str]] = {}
-        with self._lock:
-            for ctl in self._controllers.values():
-                for a in ctl.placement.nodes:
-                    out.setdefault(a.node, []).append(ctl.job_id)
-        return out
+    def unhealthy_nodes(self) -> set[str]:
+        return self.node_health.unhealthy(self.store.node_failures(), time.time())
 
-    def held_placements(self) -> list:
+    def inventory(self) -> list[NodeSpec]:
+        """The backend's nodes, with the ones failures made unhealthy marked so."""
+        bad = self.unhealthy_nodes()
+        return [
+            dataclasses.replace(n, healthy=False) if n.name in bad else n
+            for n in self.backend.inventory()
+        ]
+
+    def held_placements(self) -> list[Placement]:
         with self._lock:
             return [c.placement for c in self._controllers.values()]
 
@@ -121,11 +121,12 @@ class Runner:
                 del self._threads[job_id]
                 del self._controllers[job_id]
         queued = self.store.list_jobs(states=(JobState.QUEUED,), oldest_first=True, limit=10_000)
-        inventory = self.backend.inventory()
+        inventory = self.inventory()
+        everything = self.backend.inventory()
         requests = []
         for job in queued:
             req = job_request(job.id, job.spec)
-            never = fits_ever(req, inventory)
+            never = fits_ever(req, everything)
             if never is not None:
                 self.store.transition(
                     job.id,
@@ -147,32 +148,35 @@ class Runner:
             )
             if scheduled is None:
                 continue  # cancelled meanwhile
-            ctl = JobController(
-                self.store,
-                self.backend,
-                scheduled,
-                placement,
-                JobPaths(self.home / "jobs" / scheduled.id),
-                self.gateway_url,
-            )
-            thread = threading.Thread(
-                target=self._run_controller,
-                args=(ctl,),
-                name=f"air-job-{scheduled.id}",
-                daemon=True,
-            )
-            with self._lock:
-                self._controllers[scheduled.id] = ctl
-                self._threads[scheduled.id] = thread
-            thread.start()
+            self._start_controller(self._controller(scheduled, placement))
             started.append(scheduled.id)
         return started
 
+    def _controller(self, job: JobRecord, placement: Placement) -> JobController:
+        return JobController(
+            self.store,
+            self.backend,
+            job,
+            placement,
+            JobPaths(self.home / "jobs" / job.id),
+            self.gateway_url,
+            unhealthy_nodes=self.unhealthy_nodes,
+        )
+
+    def _start_controller(self, ctl: JobController) -> None:
+        thread = threading.Thread(
+            target=self._run_controller, args=(ctl,), name=f"air-job-{ctl.job_id}", daemon=True
+        )
+        with self._lock:
+            self._controllers[ctl.job_id] = ctl
+            self._threads[ctl.job_id] = thread
+        thread.start()
+
     def _run_controller(self, ctl: JobController) -> None:
         try:
-            while not ctl.done and not self._stop.is_set():
+            while not ctl.finished and not self._stop.is_set():
                 ctl.step()
-                if not ctl.done:
+                if not ctl.finished:
                     time.sleep(self.tick_s)
         except Exception as exc:
             log.exception("controller of %s crashed", ctl.job_id)
@@ -184,19 +188,43 @@ class Runner:
             self._wake.set()  # its slots are free: schedule now
 
     def _recover(self) -> None:
-        """Jobs a previous gateway left active: their controllers are gone with it.
-        Re-attaching comes with the resilience work; until then stop their leftovers
-        and fail them with a reason that says what happened."""
+        """Take over the jobs a previous gateway left active. An attempt whose processes
+        still run is adopted and watched as before; one whose processes are gone is
+        relaunched as a new attempt, not charged to the job's restart budget."""
         for job in self.store.list_jobs(states=ACTIVE_STATES, limit=10_000):
-            for pid in job_processes(job.id):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            reason = "the gateway restarted while the job was active; resubmit it"
-            self.store.transition(
-                job.id,
-                JobState.FAILED,
-                reason,
-                failure=FailureInfo(attempt=job.attempt, reason=reason),
+            attempts = self.store.list_attempts(job.id)
+            if job.state is JobState.SCHEDULED or not attempts:
+                # placed but never launched: back to the queue, first in line again
+                self.store.transition(
+                    job.id, JobState.QUEUED, "the gateway restarted before the launch"
+                )
+                continue
+            current = attempts[-1]
+            ctl = self._controller(job, current.placement)
+            attach = getattr(self.backend, "attach", None)
+            handle = (
+                attach(
+                    job.id,
+                    current.attempt,
+                    ctl.paths.attempt(current.attempt),
+                    job.spec.resources.ranks_per_node,
+                )
+                if attach is not None and job.state is not JobState.RESTARTING
+                else None
             )
+            if handle is not None:
+                ctl.attach(handle)
+                self.store.append_event(
+                    job.id,
+                    EventType.ALERT,
+                    {
+                        "kind": "reattached",
+                        "detail": f"a restarted gateway re-attached to attempt {current.attempt}",
+                    },
+                    attempt=current.attempt,
+                )
+                log.info("re-attached to %s attempt %s", job.id, current.attempt)
+            elif job.state is not JobState.RESTARTING:
+                ctl.recover_lost_attempt()
+            if not ctl.finished:
+                self._start_controller(ctl)

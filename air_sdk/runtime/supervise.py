@@ -193,11 +193,13 @@ def _oom_kill_count() -> int | None:
     return None
 
 
-def _rank_exit(rank: int, returncode: int, tail: list[str], oom_before: int | None) -> RankExit:
+def _rank_exit(
+    rank: int, returncode: int, tail: list[str], oom_before: int | None, node: str | None = None
+) -> RankExit:
     from air_sdk.schema.events import RankExit
 
     if returncode >= 0:
-        return RankExit(rank=rank, exit_code=returncode, tail=tail)
+        return RankExit(rank=rank, node=node, exit_code=returncode, tail=tail)
     signum = -returncode
     try:
         name = signal.Signals(signum).name
@@ -205,7 +207,7 @@ def _rank_exit(rank: int, returncode: int, tail: list[str], oom_before: int | No
         name = f"SIG{signum}"
     oom_after = _oom_kill_count() if signum == signal.SIGKILL else None
     oom = oom_before is not None and oom_after is not None and oom_after > oom_before
-    return RankExit(rank=rank, exit_code=None, signal=name, oom_killed=oom, tail=tail)
+    return RankExit(rank=rank, node=node, exit_code=None, signal=name, oom_killed=oom, tail=tail)
 
 
 def _write_exit_file(rank_exit: RankExit) -> None:
@@ -292,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pump.join(_DRAIN_AFTER_EXIT_S)
     with tail_lock:
         last_lines = list(tail)
-    rank_exit = _rank_exit(rank, returncode, last_lines, oom_before)
+    rank_exit = _rank_exit(rank, returncode, last_lines, oom_before, ctx.node_name or None)
     _write_exit_file(rank_exit)  # first: the local runner reads it even if posting fails
     shipper.report_exit(rank_exit)
     if sampler is not None:

@@ -31,7 +31,13 @@ from air_sdk.schema.events import (
     WorkerReport,
 )
 from air_sdk.schema.snapshot import JobSnapshot
-from air_sdk.schema.spec import API_VERSION, CheckpointSpec, JobSpec, Resources
+from air_sdk.schema.spec import (
+    API_VERSION,
+    CheckpointSpec,
+    FailurePolicySpec,
+    JobSpec,
+    Resources,
+)
 from air_sdk.schema.state import TERMINAL_STATES, JobState
 
 __all__ = [
@@ -48,6 +54,7 @@ __all__ = [
     "EventPage",
     "EventType",
     "FailureInfo",
+    "FailurePolicySpec",
     "GpuInfo",
     "Health",
     "Inventory",

@@ -46,16 +46,28 @@ class BundleInfo(_Wire):
     num_files: int
 
 
+FailureKind = Literal[
+    "crash", "oom", "hang", "lost_node", "preempted", "timeout", "startup", "gateway", "internal"
+]
+
+
 class FailureInfo(_Wire):
     """Why an attempt (and so perhaps the job) failed: the first failing rank."""
 
     attempt: int
     reason: str
+    kind: FailureKind = "crash"
+    node: str | None = None
     rank: int | None = None
     exit_code: int | None = None
     signal: str | None = None
     log_tail: list[str] = Field(default_factory=list)
     rank_exits: list[RankExit] = Field(default_factory=list)
+    #: hangs: the ranks that stopped progressing, and every rank's Python stack
+    stalled_ranks: list[int] = Field(default_factory=list)
+    stacks: dict[int, str] = Field(default_factory=dict)
+    #: False for failures not charged to the restart budget (preemption, a lost gateway)
+    charged: bool = True
 
 
 class JobRecord(_Wire):
@@ -73,6 +85,8 @@ class JobRecord(_Wire):
     ended_at: float | None = None
     attempt: int = 0
     num_restarts: int = 0
+    #: restarts that used the `max_restarts` budget (preemptions and gateway restarts do not)
+    charged_restarts: int = 0
     failure: FailureInfo | None = None
     cancel_requested: bool = False
     queue_position: int | None = None

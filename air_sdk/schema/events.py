@@ -24,8 +24,9 @@ class EventType(str, Enum):
     METRICS = "metrics"  # data: {"points": [MetricPoint...]}, rank set
     LOG = "log"  # data: {"lines": [str...]}, rank set
     RANK_EXIT = "rank_exit"  # data: RankExit, rank set
-    CHECKPOINT = "checkpoint"  # data: checkpoint commit (resilience)
+    CHECKPOINT = "checkpoint"  # data: CheckpointCommit, or CheckpointSkip (has "skipped")
     UTIL = "util"  # data: {"samples": [DeviceSample...]}, rank set (a node's sampler)
+    ALERT = "alert"  # data: {"kind": "straggler" | ..., "detail": str}, rank maybe set
 
 
 class Event(BaseModel):
@@ -102,6 +103,7 @@ class RankExit(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rank: int
+    node: str | None = None
     exit_code: int | None = None
     signal: str | None = None
     oom_killed: bool = False
@@ -135,6 +137,43 @@ class DeviceSample(BaseModel):
     power_w: float | None = None
 
 
+class CheckpointCommit(BaseModel):
+    """One committed checkpoint, reported by rank 0 once its manifest is in place.
+
+    Example:
+        >>> CheckpointCommit(step=100, path="/ckpt/step-100", world_size=2, size_bytes=10,
+        ...                  num_files=3, blocked_s=0.05, durable_s=1.5).step
+        100
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    step: int = Field(ge=0)
+    path: str
+    world_size: int = Field(ge=1)
+    size_bytes: int = Field(ge=0)
+    num_files: int = Field(ge=0)
+    blocked_s: float = Field(description="Seconds the training loop waited in save().")
+    durable_s: float = Field(description="Seconds from save() until the manifest was in place.")
+    attempt: int = 0
+
+
+class CheckpointSkip(BaseModel):
+    """A committed checkpoint that restore passed over (its files do not match its manifest).
+
+    Example:
+        >>> CheckpointSkip(step=6, path="/ckpt/step-6", skipped="__1_0.distcp: missing").step
+        6
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: int = Field(ge=0)
+    path: str
+    skipped: str = Field(description="Why, e.g. 'file X does not match its manifest'.")
+    attempt: int = 0
+
+
 class WorkerReport(BaseModel):
     """What a rank (its runtime or its supervisor) posts to the gateway, batched.
 
@@ -151,3 +190,6 @@ class WorkerReport(BaseModel):
     samples: list[DeviceSample] = Field(default_factory=list, max_length=1000)
     heartbeat_step: int | None = None
     dropped_points: int = Field(0, ge=0, description="Points dropped on the worker (buffer full).")
+    checkpoints: list[CheckpointCommit | CheckpointSkip] = Field(
+        default_factory=list, max_length=100
+    )

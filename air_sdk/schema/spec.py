@@ -79,6 +79,51 @@ class CheckpointSpec(_Frozen):
     keep: int = Field(3, ge=1, le=1000, description="Committed checkpoints to keep.")
 
 
+class FailurePolicySpec(_Frozen):
+    """How the runner reacts to failures (the budget itself is `JobSpec.max_restarts`).
+
+    Example:
+        >>> FailurePolicySpec(non_retryable_exit_codes=[2]).backoff_base_s
+        1.0
+    """
+
+    backoff_base_s: float = Field(1.0, ge=0, le=3600, description="First restart delay.")
+    backoff_max_s: float = Field(60.0, ge=0, le=86400, description="Longest restart delay.")
+    non_retryable_exit_codes: list[int] = Field(
+        default_factory=list, description="A rank exiting with one of these fails the job at once."
+    )
+    non_retryable_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regexes; a failing rank whose log tail matches one fails the job at once.",
+    )
+    hang_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="No progress for this long is a hang; default max(60 s, 3x the p99 step time).",
+    )
+    preemption_grace_s: float = Field(
+        30.0, ge=0, le=3600, description="SIGTERM-to-SIGKILL grace when the job is preempted."
+    )
+
+    @field_validator("non_retryable_patterns")
+    @classmethod
+    def _patterns_compile(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"non_retryable_patterns: {pattern!r} is not a regex: {exc}"
+                ) from exc
+        return v
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> FailurePolicySpec:
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError("backoff_max_s must be >= backoff_base_s")
+        return self
+
+
 class JobSpec(_Frozen):
     """A training job. Exactly one of `entrypoint` (a script in the bundle) or
     `code` (inline Python, e.g. a notebook cell) is set.
@@ -104,6 +149,7 @@ class JobSpec(_Frozen):
         300, gt=0, description="Launch to first sign of life of every node before failing."
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    failure: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
 
     @field_validator("name")

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     idem_key TEXT, idem_hash TEXT,
     created_at REAL NOT NULL, updated_at REAL NOT NULL, started_at REAL, ended_at REAL,
     attempt INTEGER NOT NULL DEFAULT 0, num_restarts INTEGER NOT NULL DEFAULT 0,
+    charged_restarts INTEGER NOT NULL DEFAULT 0,
     failure TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
     last_seq INTEGER NOT NULL DEFAULT 0, queue_order INTEGER NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key IS NOT NULL;
@@ -68,7 +69,10 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_type ON events(job_id, type, seq);
 CREATE TABLE IF NOT EXISTS heartbeats (
     job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
-    step INTEGER, ts REAL NOT NULL, PRIMARY KEY (job_id, attempt, rank)) WITHOUT ROWID;
+    step INTEGER, ts REAL NOT NULL, progress_ts REAL,
+    PRIMARY KEY (job_id, attempt, rank)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS node_failures (
+    node TEXT PRIMARY KEY, count INTEGER NOT NULL, last_ts REAL NOT NULL);
 """
 
 ACTIVE_STATES = (
@@ -114,6 +118,9 @@ class SqliteStore:
         self._writer = self._connect()
         with self._write_lock:
             self._writer.executescript(_SCHEMA)
+            columns = {r[1] for r in self._writer.execute("PRAGMA table_info(heartbeats)")}
+            if "progress_ts" not in columns:  # a database from before progress tracking
+                self._writer.execute("ALTER TABLE heartbeats ADD COLUMN progress_ts REAL")
             self._writer.execute(
                 "INSERT OR IGNORE INTO tenants VALUES (?, ?, ?)",
                 (DEFAULT_TENANT, DEFAULT_TENANT, time.time()),
@@ -285,6 +292,7 @@ class SqliteStore:
         *,
         failure: FailureInfo | None = None,
         expect: tuple[JobState, ...] | None = None,
+        charged: bool = True,
     ) -> JobRecord | None:
         """Move a job to `state` and log the event, atomically. Returns None (and changes
         nothing) when the job is not in one of `expect`; raises on an illegal transition."""
@@ -305,6 +313,8 @@ class SqliteStore:
                 args.append(now)
             if state is JobState.RESTARTING:
                 sets.append("num_restarts = num_restarts + 1")
+                if charged:
+                    sets.append("charged_restarts = charged_restarts + 1")
             if failure is not None:
                 sets.append("failure = ?")
                 args.append(failure.model_dump_json())
@@ -457,9 +467,14 @@ class SqliteStore:
         rank: int,
         items: list[tuple[EventType, str]],
         heartbeat_step: int | None,
+        *,
+        progress: bool = False,
     ) -> None:
         """Append pre-serialised worker events and note the heartbeat, in one transaction.
-        `items` are (type, data JSON) so the hot ingest path serialises once."""
+        `items` are (type, data JSON) so the hot ingest path serialises once. `progress`
+        marks a report from the training loop itself (air.log / air.heartbeat), as
+        opposed to its supervisor's output lines or device samples: only those count
+        against hangs."""
         now = time.time()
         with self._tx() as c:
             for etype, data_json in items:
@@ -473,17 +488,39 @@ class SqliteStore:
                 )
                 self._last_seq[job_id] = seq
             c.execute(
-                "INSERT INTO heartbeats VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
-                " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts",
-                (job_id, attempt, rank, heartbeat_step, now),
+                "INSERT INTO heartbeats VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
+                " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts,"
+                " progress_ts = COALESCE(excluded.progress_ts, progress_ts)",
+                (job_id, attempt, rank, heartbeat_step, now, now if progress else None),
             )
 
-    def heartbeats(self, job_id: str, attempt: int) -> dict[int, tuple[int | None, float]]:
+    def heartbeats(
+        self, job_id: str, attempt: int
+    ) -> dict[int, tuple[int | None, float, float | None]]:
+        """rank -> (last step, last report time, last progress time or None)."""
         rows = self._read(
-            "SELECT rank, step, ts FROM heartbeats WHERE job_id = ? AND attempt = ?",
+            "SELECT rank, step, ts, progress_ts FROM heartbeats WHERE job_id = ? AND attempt = ?",
             (job_id, attempt),
         )
-        return {r["rank"]: (r["step"], r["ts"]) for r in rows}
+        return {r["rank"]: (r["step"], r["ts"], r["progress_ts"]) for r in rows}
+
+    # ---- node health --------------------------------------------------------------------
+
+    def record_node_failure(self, node: str) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO node_failures VALUES (?, 1, ?) ON CONFLICT (node) DO UPDATE SET"
+                " count = count + 1, last_ts = excluded.last_ts",
+                (node, time.time()),
+            )
+
+    def node_failures(self) -> dict[str, tuple[int, float]]:
+        rows = self._read("SELECT node, count, last_ts FROM node_failures")
+        return {r["node"]: (r["count"], r["last_ts"]) for r in rows}
+
+    def clear_node_failures(self, node: str) -> None:
+        with self._tx() as c:
+            c.execute("DELETE FROM node_failures WHERE node = ?", (node,))
 
     def last_seq(self, job_id: str) -> int:
         seq = self._last_seq.get(job_id)
@@ -554,6 +591,7 @@ def _job_from_row(r: sqlite3.Row) -> JobRecord:
         ended_at=r["ended_at"],
         attempt=r["attempt"],
         num_restarts=r["num_restarts"],
+        charged_restarts=r["charged_restarts"],
         failure=FailureInfo.model_validate_json(r["failure"]) if r["failure"] else None,
         cancel_requested=bool(r["cancel_requested"]),
     )

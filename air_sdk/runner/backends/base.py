@@ -75,6 +75,10 @@ class Backend(Protocol):
         attempt is left."""
         ...
 
+    def rank_stacks(self, handle: AttemptHandle) -> dict[int, str]:
+        """Every live rank's Python stack, by rank (for hang reports)."""
+        ...
+
     def node_log_tail(self, handle: AttemptHandle, node: str, num_lines: int = 20) -> list[str]:
         """The last lines the node's launcher printed (rendezvous errors land here)."""
         ...

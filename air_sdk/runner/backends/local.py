@@ -14,7 +14,9 @@ orphans), and the supervisor puts a parent-death signal on every rank.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,10 +42,30 @@ def free_port() -> int:
 @dataclass
 class _Node:
     name: str
-    proc: subprocess.Popen[bytes]
+    #: the agent; None when re-attached after a gateway restart (not our child then)
+    proc: subprocess.Popen[bytes] | None
     log_path: Path
     #: every pid ever seen under this agent; teardown kills them all
     pids: set[int] = field(default_factory=set)
+    agent_pid: int = 0
+    ranks_per_node: int = 1
+
+    def exit_code(self, attempt_dir: Path) -> int | None:
+        """The agent's exit code; for an adopted agent (not our child, so no wait
+        status) 0 when every rank of this node left a successful exit record, else 1."""
+        if self.proc is not None:
+            return self.proc.poll()
+        if _proc(self.agent_pid) is not None:
+            return None
+        ok = 0
+        for f in (attempt_dir / "exits").glob("rank-*.json"):
+            try:
+                record = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("node") == self.name and record.get("exit_code") == 0:
+                ok += 1
+        return 0 if ok >= self.ranks_per_node else 1
 
 
 @dataclass
@@ -131,14 +153,74 @@ class LocalBackend:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            attempt.nodes.append(_Node(assignment.node, proc, log_path, {proc.pid}))
+            attempt.nodes.append(
+                _Node(assignment.node, proc, log_path, {proc.pid}, proc.pid, ranks_per_node)
+            )
         return attempt
+
+    def attach(
+        self, job_id: str, attempt: int, attempt_dir: Path, ranks_per_node: int
+    ) -> LocalAttempt | None:
+        """Adopt the agents of an attempt that outlived a previous gateway, found by the
+        AIR_JOB_ID/AIR_ATTEMPT in their environment; None when none is left."""
+        nodes: dict[str, _Node] = {}
+        for pid in sorted(job_processes(job_id, attempt)):
+            p = _proc(pid)
+            if p is None:
+                continue
+            try:
+                cmdline, env = p.cmdline(), p.environ()
+            except psutil.Error:
+                continue
+            if "torch.distributed.run" not in cmdline:
+                continue  # a supervisor or a rank: found again under its agent
+            name = env.get("AIR_NODE_NAME", f"pid-{pid}")
+            node = _Node(name, None, attempt_dir / f"{name}.agent.log", {pid}, pid, ranks_per_node)
+            self._remember_tree(node)
+            nodes[name] = node
+        if not nodes:
+            return None
+        return LocalAttempt(job_id, attempt, 0, list(nodes.values()), attempt_dir)
+
+    def rank_stacks(self, handle: LocalAttempt) -> dict[int, str]:
+        """Every rank's Python stack, by rank (py-spy, which also reads stopped processes)."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        stacks: dict[int, str] = {}
+        for pid in job_processes(handle.job_id, handle.attempt):
+            p = _proc(pid)
+            try:
+                if p is None or p.name() == "py-spy":
+                    continue
+                cmdline, env = p.cmdline(), p.environ()
+            except psutil.Error:
+                continue
+            if any(
+                "torch.distributed.run" in c or "air_sdk.runtime.supervise" in c for c in cmdline
+            ):
+                continue  # launchers and supervisors: the rank is the supervisor's child
+            rank = int(env.get("RANK", "-1"))
+            if rank < 0:
+                continue
+            if not os.path.exists(spy):
+                stacks[rank] = "no stack: py-spy is not installed (pip install py-spy)"
+                continue
+            try:
+                out = subprocess.run(
+                    [spy, "dump", "--nonblocking", "--pid", str(pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=15,
+                )
+                stacks[rank] = (out.stdout or out.stderr).strip()[-8000:]
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                stacks[rank] = f"no stack: py-spy failed ({exc})"
+        return stacks
 
     def poll(self, handle: LocalAttempt) -> list[NodeStatus]:
         statuses = []
         for node in handle.nodes:
             self._remember_tree(node)
-            code = node.proc.poll()
+            code = node.exit_code(handle.attempt_dir)
             detail = ""
             if code is not None and code < 0:
                 detail = f"agent killed by {signal.Signals(-code).name}"
@@ -151,13 +233,15 @@ class LocalBackend:
         for node in handle.nodes:
             self._remember_tree(node)
         deadline = time.monotonic() + wait_first_s
-        while time.monotonic() < deadline and any(n.proc.poll() is None for n in handle.nodes):
+        while time.monotonic() < deadline and any(
+            n.exit_code(handle.attempt_dir) is None for n in handle.nodes
+        ):
             time.sleep(0.05)
         # SIGTERM the agents: torchrun forwards it to its workers and the supervisor
         # forwards it to the rank, so a training script can save on SIGTERM.
         for node in handle.nodes:
-            if node.proc.poll() is None:
-                _signal(node.proc.pid, signal.SIGTERM)
+            if _proc(node.agent_pid) is not None:
+                _signal(node.agent_pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and self._alive_pids(handle):
             time.sleep(0.05)
@@ -169,6 +253,8 @@ class LocalBackend:
                 _signal(pid, signal.SIGKILL)
             psutil.wait_procs([_proc(p) for p in left if _proc(p)], timeout=5)
         for node in handle.nodes:
+            if node.proc is None:
+                continue
             try:
                 node.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -188,7 +274,7 @@ class LocalBackend:
 
     def _remember_tree(self, node: _Node) -> None:
         try:
-            children = psutil.Process(node.proc.pid).children(recursive=True)
+            children = psutil.Process(node.agent_pid).children(recursive=True)
         except psutil.Error:
             return
         node.pids.update(c.pid for c in children)

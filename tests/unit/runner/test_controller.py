@@ -58,13 +58,17 @@ class FakeBackend:
     def node_log_tail(self, handle, node, num_lines=20):
         return [f"{node} agent said goodbye"]
 
+    def rank_stacks(self, handle):
+        return {0: "Thread 1 (idle)\n    all_reduce (train.py:12)"}
+
 
 @pytest.fixture
 def store(tmp_path):
     return SqliteStore(tmp_path / "air.db")
 
 
-def make(store, tmp_path, **spec_kw):
+def make(store, tmp_path, unhealthy=None, **spec_kw):
+    spec_kw.setdefault("failure", {"backoff_base_s": 0.0, "backoff_max_s": 0.0})
     spec = JobSpec(entrypoint="t.py", resources=Resources(nodes=2), **spec_kw)
     job, _ = store.create_job(spec, tenant="default")
     job = store.transition(job.id, JobState.SCHEDULED, "placed")
@@ -74,7 +78,14 @@ def make(store, tmp_path, **spec_kw):
     )
     backend = FakeBackend()
     ctl = JobController(
-        store, backend, job, placement, JobPaths(tmp_path / job.id), "http://gw", prepare_code=False
+        store,
+        backend,
+        job,
+        placement,
+        JobPaths(tmp_path / job.id),
+        "http://gw",
+        prepare_code=False,
+        unhealthy_nodes=unhealthy,
     )
     return ctl, backend
 
@@ -83,8 +94,8 @@ def rank_up(store, ctl, rank):
     store.append_worker_events(ctl.job_id, ctl.attempt, rank, [], None)
 
 
-def rank_exit(store, ctl, rank, code=None, sig=None, tail=()):
-    e = RankExit(rank=rank, exit_code=code, signal=sig, tail=list(tail))
+def rank_exit(store, ctl, rank, code=None, sig=None, tail=(), node=None):
+    e = RankExit(rank=rank, node=node, exit_code=code, signal=sig, tail=list(tail))
     store.append_worker_events(
         ctl.job_id, ctl.attempt, rank, [(EventType.RANK_EXIT, e.model_dump_json())], None
     )
@@ -166,3 +177,146 @@ def test_diagnose_blames_the_first_rank_to_fail_not_its_victims():
     victim = RankExit(rank=0, exit_code=1, tail=["Connection closed by peer"])
     info = diagnose(1, [(2.0, victim), (1.0, first)], [first, victim], [], {})
     assert info.rank == 1 and info.exit_code == 7 and info.log_tail == ["boom"]
+
+
+def progress(store, ctl, rank, step, ts):
+    """A training-loop report from `rank` at `step`, stamped at wall time `ts`."""
+    import time as _time
+
+    real = _time.time
+    try:
+        _time.time = lambda: ts
+        store.append_worker_events(ctl.job_id, ctl.attempt, rank, [], step, progress=True)
+    finally:
+        _time.time = real
+
+
+def test_hang_names_the_stalled_rank_with_stacks(store, tmp_path):
+    import time
+
+    ctl, backend = make(store, tmp_path, failure={"hang_timeout_s": 5, "backoff_base_s": 0})
+    ctl.step()
+    now = time.time()
+    progress(store, ctl, 0, 10, now)
+    progress(store, ctl, 1, 7, now - 30)  # rank 1 stopped 30 s ago
+    assert ctl.step() == (JobState.STARTING, JobState.RUNNING)
+    ctl._next_progress_check = 0
+    assert ctl.step() == (JobState.RUNNING, JobState.FAILED)
+    failure = store.get_job(ctl.job_id).failure
+    assert failure.kind == "hang" and failure.stalled_ranks == [1]
+    assert "rank 1 (last step 7)" in failure.reason and "hang_timeout_s" in failure.reason
+    assert "all_reduce" in failure.stacks[0]
+    assert backend.attempts[0].terminated
+
+
+def test_ranks_that_never_report_progress_are_not_judged(store, tmp_path):
+    ctl, backend = make(store, tmp_path, failure={"hang_timeout_s": 0.01})
+    ctl.step()
+    rank_up(store, ctl, 0)  # the supervisor's "up": not progress
+    rank_up(store, ctl, 1)
+    ctl._next_progress_check = 0
+    ctl.step()
+    ctl._next_progress_check = 0
+    assert ctl.step()[1] is JobState.RUNNING
+
+
+def test_preemption_restarts_without_charging_the_budget(store, tmp_path):
+    ctl, backend = make(store, tmp_path, max_restarts=0)
+    ctl.step()
+    rank_exit(store, ctl, 0, sig="SIGTERM")
+    backend.attempts[0].exit_codes.update(n0=1)
+    assert ctl.step() == (JobState.STARTING, JobState.RESTARTING)
+    assert "not charged" in store.get_job(ctl.job_id).state_reason
+    assert ctl.step() == (JobState.RESTARTING, JobState.STARTING)
+    job = store.get_job(ctl.job_id)
+    assert (job.num_restarts, job.charged_restarts, job.attempt) == (1, 0, 2)
+
+
+def test_non_retryable_exit_code_fails_at_once(store, tmp_path):
+    ctl, backend = make(
+        store, tmp_path, max_restarts=5, failure={"non_retryable_exit_codes": [42]}
+    )
+    ctl.step()
+    rank_exit(store, ctl, 1, code=42)
+    backend.attempts[0].exit_codes.update(n1=1)
+    assert ctl.step()[1] is JobState.FAILED
+    assert "declared non-retryable" in store.get_job(ctl.job_id).state_reason
+
+
+def test_non_retryable_log_pattern_fails_at_once(store, tmp_path):
+    ctl, backend = make(
+        store, tmp_path, max_restarts=5, failure={"non_retryable_patterns": [r"CUDA error: .*illegal"]}
+    )
+    ctl.step()
+    rank_exit(store, ctl, 1, code=1, tail=["RuntimeError: CUDA error: an illegal memory access"])
+    backend.attempts[0].exit_codes.update(n1=1)
+    assert ctl.step()[1] is JobState.FAILED
+    assert "non-retryable pattern" in store.get_job(ctl.job_id).state_reason
+
+
+def test_a_failing_node_is_blamed_and_the_job_requeued_without_it(store, tmp_path):
+    from air_sdk.runner.policy import NodeHealthPolicy
+
+    policy = NodeHealthPolicy(threshold=1)
+    ctl, backend = make(
+        store, tmp_path, max_restarts=3,
+        unhealthy=lambda: policy.unhealthy(store.node_failures(), __import__("time").time()),
+    )
+    ctl.step()
+    rank_exit(store, ctl, 1, code=1, node="n1")
+    backend.attempts[0].exit_codes.update(n1=1)
+    assert ctl.step() == (JobState.STARTING, JobState.QUEUED)
+    assert ctl.released and not ctl.done
+    assert store.node_failures()["n1"][0] == 1
+    assert "unhealthy node n1" in store.get_job(ctl.job_id).state_reason
+
+
+def test_cancel_during_backoff_ends_the_job_for_good(store, tmp_path):
+    import threading
+
+    ctl, backend = make(
+        store, tmp_path, max_restarts=3, failure={"backoff_base_s": 30, "backoff_max_s": 30}
+    )
+    ctl.step()
+    rank_exit(store, ctl, 0, code=1)
+    backend.attempts[0].exit_codes.update(n0=1)
+    threading.Timer(0.3, store.request_cancel, args=(ctl.job_id,)).start()
+    assert ctl.step() == (JobState.STARTING, JobState.CANCELLED)
+    assert len(backend.launches) == 1  # never relaunched
+
+
+def test_backoff_grows_with_full_jitter_and_caps():
+    import random
+
+    from air_sdk.schema import FailurePolicySpec
+
+    p = RestartPolicy(3, FailurePolicySpec(backoff_base_s=1, backoff_max_s=8), random.Random(0))
+    for n, cap in [(0, 1), (1, 2), (2, 4), (3, 8), (6, 8)]:
+        delays = [p.backoff_s(n) for _ in range(50)]
+        assert all(cap / 2 <= d <= cap for d in delays)
+
+
+def test_lost_attempt_after_gateway_restart_is_judged_by_exit_records(store, tmp_path):
+    ctl, backend = make(store, tmp_path)
+    ctl.step()
+    rank_exit(store, ctl, 0, code=0)
+    rank_exit(store, ctl, 1, code=0)
+    ctl.handle = None  # the processes ended while no gateway watched
+    ctl.recover_lost_attempt()
+    assert store.get_job(ctl.job_id).state is JobState.SUCCEEDED
+
+    ctl2, _ = make(store, tmp_path)
+    ctl2.step()
+    ctl2.handle = None
+    ctl2.recover_lost_attempt()  # nothing recorded: relaunch, not charged
+    job = store.get_job(ctl2.job_id)
+    assert job.state is JobState.RESTARTING and job.charged_restarts == 0
+
+
+def test_stragglers_are_reported_once_not_killed():
+    from air_sdk.runner.policy import RankProgress, StragglerPolicy
+
+    ranks = {r: RankProgress(intervals=[1.0] * 20) for r in range(3)}
+    ranks[3] = RankProgress(intervals=[5.0] * 20)
+    assert StragglerPolicy().stragglers(ranks) == [3]
+    assert StragglerPolicy().stragglers({0: RankProgress(intervals=[1.0] * 3)}) == []
