@@ -22,6 +22,18 @@ __all__ = [
 ]
 
 
+def load_ipython_extension(ipython: object) -> None:
+    """`%load_ext air_sdk`: registers the `%air` / `%%air` magics (see `magics`).
+
+    Example:
+        >>> air_sdk.load_ipython_extension(get_ipython())  # doctest: +SKIP
+    """
+    # Imported here: `import air_sdk` must not load IPython.
+    from magics import load_ipython_extension as load
+
+    load(ipython)
+
+
 def __getattr__(name: str) -> object:
     # Lazy so `import air_sdk` (and so every subpackage, e.g. the rank supervisor)
     # stays light: no pydantic, requests or tenacity until they are used.

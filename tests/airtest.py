@@ -22,3 +22,47 @@ def wait_for(
 
 def no_processes_left(job_id: str) -> bool:
     return not job_processes(job_id)
+
+
+def _job_procs(job_id: str):
+    import psutil
+
+    for pid in job_processes(job_id):
+        try:
+            p = psutil.Process(pid)
+            yield p, p.cmdline(), p.environ()
+        except psutil.Error:
+            continue
+
+
+def rank_pid(job_id: str, rank: int) -> int | None:
+    """The pid of the training process of `rank` (the supervisor's child)."""
+    for p, cmdline, env in _job_procs(job_id):
+        if env.get("RANK") != str(rank):
+            continue
+        if any("torch.distributed.run" in c or "air_sdk.runtime.supervise" in c for c in cmdline):
+            continue
+        return p.pid
+    return None
+
+
+def agent_pid(job_id: str, node: str) -> int | None:
+    """The pid of the torchrun agent of `node` for the job's live attempt."""
+    for p, cmdline, env in _job_procs(job_id):
+        if env.get("AIR_NODE_NAME") == node and "torch.distributed.run" in cmdline:
+            return p.pid
+    return None
+
+
+def kill_tree(pid: int, sig: int) -> None:
+    """Send `sig` to `pid` and all its descendants (a whole virtual node)."""
+    import os
+
+    import psutil
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for p in procs:
+        try:
+            os.kill(p.pid, sig)
+        except OSError:
+            pass

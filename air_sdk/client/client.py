@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import re
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -177,12 +178,15 @@ class Client:
         *,
         workdir: str | Path | None = None,
         idempotency_key: str | None = None,
+        extra_files: Mapping[str, bytes] | None = None,
     ) -> Job:
         """Upload the code (if any) and submit `spec`; returns at once with a `Job`.
 
         `workdir` is packaged as the job's bundle. An `entrypoint` spec without a
-        workdir bundles the current directory. One Idempotency-Key is used for
-        all retries of this call, so a retried POST never makes two jobs.
+        workdir bundles the current directory. `extra_files` (relative path ->
+        bytes) are added to the bundle, replacing files of the same name; given
+        without a workdir, the bundle holds only them. One Idempotency-Key is used
+        for all retries of this call, so a retried POST never makes two jobs.
 
         Example:
             >>> spec = JobSpec(name="mnist", entrypoint="train.py", resources={"nodes": 2})
@@ -193,7 +197,14 @@ class Client:
         key = idempotency_key or str(uuid.uuid4())
         if workdir is None and spec.entrypoint is not None and spec.bundle_sha256 is None:
             workdir = Path.cwd()
-        if workdir is not None:
+        if workdir is None and extra_files:
+            from air_sdk.bundle import pack_directory
+
+            with tempfile.TemporaryDirectory(prefix="air-bundle-") as empty:
+                bundle = pack_directory(Path(empty), extra_files=extra_files)
+            self.upload_bundle(bundle.data, bundle.sha256)
+            spec = spec.model_copy(update={"bundle_sha256": bundle.sha256})
+        elif workdir is not None:
             root = Path(workdir).expanduser()
             if not root.is_dir():
                 raise SpecError(f"workdir {root} is not a directory")
@@ -206,7 +217,8 @@ class Client:
                     )
             from air_sdk.bundle import pack_directory
 
-            bundle = pack_directory(root)  # raises BundleError before anything is sent
+            # raises BundleError before anything is sent
+            bundle = pack_directory(root, extra_files=extra_files)
             self.upload_bundle(bundle.data, bundle.sha256)
             spec = spec.model_copy(update={"bundle_sha256": bundle.sha256})
         record = self._http.request(

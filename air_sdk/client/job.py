@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import requests
@@ -40,6 +40,7 @@ from air_sdk.schema.state import JobState
 
 if TYPE_CHECKING:
     from air_sdk.client.client import Client
+    from air_sdk.notebook.monitor import JobMonitor
 
 __all__ = ["Job", "is_terminal_event"]
 
@@ -255,6 +256,20 @@ class Job:
             num_drops = 0 if progressed else num_drops + 1
             if num_drops:
                 _http._sleep(_http.backoff_s(num_drops))
+
+    def monitor(self, **options: Any) -> JobMonitor:
+        """A live notebook widget for this job (needs the `notebook` extra).
+
+        Options go to `air_sdk.notebook.JobMonitor`: `total_steps`,
+        `flops_per_step` with `peak_flops` (for MFU), `max_updates_per_s`, `start`.
+
+        Example:
+            >>> job.monitor(total_steps=1000)  # doctest: +SKIP
+        """
+        # Imported here: the client must not load ipywidgets or matplotlib on import.
+        from air_sdk.notebook.monitor import JobMonitor
+
+        return JobMonitor(self, **options)
 
     # -- logs and metrics ----------------------------------------------------
 

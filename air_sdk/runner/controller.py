@@ -37,6 +37,18 @@ SUCCESS_EXIT_WAIT_S = 5.0
 PROGRESS_CHECK_S = 0.5
 
 
+#: rank deaths that point at the machine rather than the code
+_HARDWARE_SIGNALS = frozenset({"SIGBUS", "SIGSEGV", "SIGILL"})
+
+
+def _blames_the_node(failure: FailureInfo) -> bool:
+    """A lost launcher, or a rank killed by a hardware-looking signal, counts against
+    the node; an exit code is the code's doing and never does."""
+    return failure.kind == "lost_node" or (
+        failure.kind == "crash" and failure.signal in _HARDWARE_SIGNALS
+    )
+
+
 @dataclass(frozen=True)
 class JobPaths:
     """Where a job's files live on the gateway host."""
@@ -232,11 +244,14 @@ class JobController:
         assert self.handle is not None
         nodes = self.backend.poll(self.handle)
         if (nodes and all(n.exit_code == 0 for n in nodes)) or self._all_ranks_succeeded():
+            # The ranks' work is done; launchers leave their exit barrier on their own
+            # within a second or so (a SIGTERM there can hang one on a dead store). The
+            # job ends only once nothing of it runs: a terminal state frees its slots.
+            self._teardown(wait_first_s=SUCCESS_EXIT_WAIT_S)
+            for a in self.placement.nodes:  # a node that just ran a job to the end is fine
+                self.store.clear_node_failures(a.node)
             self._end_attempt("succeeded")
             self._move(JobState.SUCCEEDED, "every rank exited 0")
-            # The ranks' work is done; launchers leave their exit barrier on their own
-            # within a second or so (a SIGTERM there can hang one on a dead store).
-            self._teardown(wait_first_s=SUCCESS_EXIT_WAIT_S)
             return
         if any(n.exit_code not in (None, 0) for n in nodes):
             self._on_failure(nodes)
@@ -338,11 +353,7 @@ class JobController:
 
     def _fail_or_restart(self, failure: FailureInfo) -> None:
         self._end_attempt(failure.reason, failure)
-        if (
-            failure.node is not None
-            and failure.charged
-            and failure.kind in ("crash", "lost_node", "oom")
-        ):
+        if failure.node is not None and _blames_the_node(failure):
             self.store.record_node_failure(failure.node)
         decision = self.policy.make_decision(failure, num_restarts=self.charged_restarts)
         if decision.action is not FailureAction.RESTART:

@@ -233,9 +233,7 @@ def test_preemption_restarts_without_charging_the_budget(store, tmp_path):
 
 
 def test_non_retryable_exit_code_fails_at_once(store, tmp_path):
-    ctl, backend = make(
-        store, tmp_path, max_restarts=5, failure={"non_retryable_exit_codes": [42]}
-    )
+    ctl, backend = make(store, tmp_path, max_restarts=5, failure={"non_retryable_exit_codes": [42]})
     ctl.step()
     rank_exit(store, ctl, 1, code=42)
     backend.attempts[0].exit_codes.update(n1=1)
@@ -245,7 +243,10 @@ def test_non_retryable_exit_code_fails_at_once(store, tmp_path):
 
 def test_non_retryable_log_pattern_fails_at_once(store, tmp_path):
     ctl, backend = make(
-        store, tmp_path, max_restarts=5, failure={"non_retryable_patterns": [r"CUDA error: .*illegal"]}
+        store,
+        tmp_path,
+        max_restarts=5,
+        failure={"non_retryable_patterns": [r"CUDA error: .*illegal"]},
     )
     ctl.step()
     rank_exit(store, ctl, 1, code=1, tail=["RuntimeError: CUDA error: an illegal memory access"])
@@ -259,11 +260,13 @@ def test_a_failing_node_is_blamed_and_the_job_requeued_without_it(store, tmp_pat
 
     policy = NodeHealthPolicy(threshold=1)
     ctl, backend = make(
-        store, tmp_path, max_restarts=3,
+        store,
+        tmp_path,
+        max_restarts=3,
         unhealthy=lambda: policy.unhealthy(store.node_failures(), __import__("time").time()),
     )
     ctl.step()
-    rank_exit(store, ctl, 1, code=1, node="n1")
+    rank_exit(store, ctl, 1, sig="SIGBUS", node="n1")
     backend.attempts[0].exit_codes.update(n1=1)
     assert ctl.step() == (JobState.STARTING, JobState.QUEUED)
     assert ctl.released and not ctl.done
@@ -320,3 +323,12 @@ def test_stragglers_are_reported_once_not_killed():
     ranks[3] = RankProgress(intervals=[5.0] * 20)
     assert StragglerPolicy().stragglers(ranks) == [3]
     assert StragglerPolicy().stragglers({0: RankProgress(intervals=[1.0] * 3)}) == []
+
+
+def test_an_exit_code_never_blames_the_node(store, tmp_path):
+    ctl, backend = make(store, tmp_path, max_restarts=1)
+    ctl.step()
+    rank_exit(store, ctl, 1, code=1, node="n1")
+    backend.attempts[0].exit_codes.update(n1=1)
+    ctl.step()
+    assert store.node_failures() == {}

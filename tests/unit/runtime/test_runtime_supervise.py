@@ -162,6 +162,7 @@ def test_a_signal_death_exits_128_plus_signal_with_the_last_lines(
     on_disk = json.loads((tmp_path / "attempt/exits/rank-0.json").read_text())
     assert on_disk == {
         "rank": 0,
+        "node": on_disk["node"],  # AIR_NODE_NAME, else this host's name
         "exit_code": None,
         "signal": "SIGKILL",
         "oom_killed": False,

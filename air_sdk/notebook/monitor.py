@@ -1,0 +1,669 @@
+"""`JobMonitor`: a live notebook view of one job, built from ipywidgets 8 core controls.
+
+Two daemon threads (never asyncio tasks: ipykernel 7 may stop those when the
+cell ends) do the work:
+
+- the *follower* folds the events that exist (`job.snapshot()`), then iterates
+  `job.follow(after=last_seq)` and applies each event to the monitor's
+  `JobSnapshot`; on an error it says so in the widget and resumes from the last
+  sequence number after a backoff;
+- the *renderer* redraws the widgets at most `max_updates_per_s` times a second,
+  coalescing bursts (a leading redraw at once, then one trailing redraw per
+  interval, so a quiet job still shows its latest event), redraws the chart only
+  when the charted series changed, and makes a final redraw when the job ends.
+
+Widget values are only ever assigned (never `with out:` from a thread). All the
+HTML comes from `render.py`, which also gives the static copy the notebook keeps.
+
+CSS classes (for browser tests): `air-monitor` (root), `air-state`, `air-step`,
+`air-progress`, `air-metrics`, `air-metric`, `air-chart`, `air-util`,
+`air-checkpoints`, `air-failure`, `air-log-rank`, `air-logs`, `air-error`,
+`air-cancel`.
+
+Example:
+    >>> monitor = job.monitor(total_steps=1000)  # doctest: +SKIP
+    >>> monitor  # the last expression of a cell shows the live widget  # doctest: +SKIP
+    >>> monitor.wait(timeout=600).state  # doctest: +SKIP
+    <JobState.SUCCEEDED: 'SUCCEEDED'>
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+try:
+    import ipywidgets as widgets
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "the AIR job monitor needs ipywidgets: pip install 'air-runtime[notebook]'"
+    ) from exc
+
+from air_sdk.errors import AuthError, JobTimeoutError, NotFoundError
+from air_sdk.notebook import render
+from air_sdk.notebook.chart import render_chart_png
+from air_sdk.schema.events import Event
+from air_sdk.schema.snapshot import JobSnapshot
+from air_sdk.schema.state import JobState
+
+__all__ = ["JobMonitor", "MonitoredJob"]
+
+log = logging.getLogger(__name__)
+
+#: how long starting a monitor waits for the events that already exist, so the first
+#: display shows the job as it is (the fold goes on in the background after that)
+INITIAL_FOLD_WAIT_S = 1.0
+#: the first pause before following again after an error; it doubles up to the maximum
+FIRST_RETRY_BACKOFF_S = 1.0
+#: the longest pause between attempts to get the event stream back
+MAX_RETRY_BACKOFF_S = 30.0
+CHART_WIDTH_PX = 640
+CHART_HEIGHT_PX = 240
+
+_BAR_STYLES = {
+    JobState.SUCCEEDED: "success",
+    JobState.FAILED: "danger",
+    JobState.RESTARTING: "warning",
+    JobState.CANCELLED: "warning",
+}
+#: errors that following again cannot fix
+_FINAL_ERRORS = (AuthError, NotFoundError)
+
+
+class MonitoredJob(Protocol):
+    """What the monitor needs of a job: `air_sdk.client.Job`, or a fake in tests."""
+
+    id: str
+
+    def snapshot(self) -> JobSnapshot: ...
+
+    def follow(self, after: int = 0) -> Iterator[Event]: ...
+
+    def cancel(self) -> Any: ...
+
+    def record(self) -> Any: ...
+
+
+@dataclass
+class _View:
+    """Every widget value of one redraw, computed from the snapshot under the lock."""
+
+    state_html: str
+    step_html: str
+    progress_max: int
+    progress_value: int
+    bar_style: str
+    progress_shown: bool
+    metrics_html: str
+    metric_options: list[str]
+    metric: str | None
+    chart_key: tuple[Any, ...]
+    #: a copy of what the chart needs when its series changed since the last drawing
+    chart_source: JobSnapshot | None
+    chart_png: bytes | None
+    util_html: str
+    checkpoints_html: str
+    failure_html: str
+    log_ranks: list[int]
+    log_rank: int | None
+    logs_html: str
+    error: str | None
+    terminal: bool
+
+
+class JobMonitor:
+    """A live view of a job: state, progress, metrics chart, throughput, utilization,
+    checkpoints, failure, per-rank logs and a Cancel button.
+
+    Args:
+        job: the job to follow (`air_sdk.client.Job`, or anything `MonitoredJob`).
+        total_steps: the run's length, for the progress bar and ETA; without it the
+            monitor uses a logged scalar named `total_steps`.
+        flops_per_step: the whole job's FLOPs per step (every rank), for MFU.
+        peak_flops: the peak FLOP/s of all the job's devices together, for MFU.
+        max_updates_per_s: redraws per second at most (the kernel sends every
+            change to the browser; 2-4 is plenty).
+        start: start following at once (else call `start()`).
+
+    Example:
+        >>> from air_sdk.notebook import JobMonitor
+        >>> monitor = JobMonitor(client.job("j-3f2a"), total_steps=500)  # doctest: +SKIP
+        >>> monitor  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        job: MonitoredJob,
+        *,
+        total_steps: int | None = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
+        max_updates_per_s: float = 3.0,
+        start: bool = True,
+    ) -> None:
+        if total_steps is not None and total_steps < 1:
+            raise ValueError(f"total_steps must be at least 1, not {total_steps}")
+        if (flops_per_step is None) != (peak_flops is None):
+            raise ValueError(
+                "MFU needs both flops_per_step= (the job's FLOPs per step) and"
+                " peak_flops= (the peak FLOP/s of all its devices); give both or neither"
+            )
+        if peak_flops is not None and peak_flops <= 0:
+            raise ValueError(f"peak_flops must be positive, not {peak_flops}")
+        if not max_updates_per_s > 0 or not math.isfinite(max_updates_per_s):
+            raise ValueError(
+                f"max_updates_per_s must be a positive number, not {max_updates_per_s}"
+            )
+        self.job = job
+        self.total_steps = total_steps
+        self.flops_per_step = flops_per_step
+        self.peak_flops = peak_flops
+        self._min_interval_s = 1.0 / max_updates_per_s
+        #: redraws so far (each one pushes changed widget values to the browser)
+        self.num_renders = 0
+
+        self._snapshot = JobSnapshot(job_id=job.id)
+        self._name: str | None = None
+        # One lock guards the snapshot and the flags below; the condition wakes the renderer.
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._folded = threading.Event()
+        self._dirty = True
+        self._follow_done = False
+        self._rendered_final = False
+        self._live = False
+        self._error: str | None = None
+        self._metric: str | None = None
+        self._log_rank: int | None = None
+        self._chart_key: tuple[Any, ...] | None = None
+        self._chart_png: bytes | None = None
+        self._last_render = -math.inf
+        self._cancel_clicked = False
+        self._closed = False
+        self._syncing = False
+        self._follower: threading.Thread | None = None
+        self._renderer: threading.Thread | None = None
+        self._build_widgets()
+        if start:
+            self.start()
+
+    # -- public ------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> JobSnapshot:
+        """A copy of the current fold of the job's events."""
+        with self._lock:
+            return self._snapshot.model_copy(deep=True)
+
+    def start(self) -> None:
+        """Start following the job (done by the constructor unless `start=False`).
+
+        Waits up to `INITIAL_FOLD_WAIT_S` for the events that already exist, so
+        the first display shows the job as it is.
+        """
+        if self._closed:
+            raise RuntimeError("this monitor was closed; make a new one with job.monitor()")
+        if self._follower is not None:
+            return
+        self._live = True
+        self._follower = threading.Thread(
+            target=self._follow_loop, name=f"air-monitor-follow-{self.job.id}", daemon=True
+        )
+        self._renderer = threading.Thread(
+            target=self._render_loop, name=f"air-monitor-render-{self.job.id}", daemon=True
+        )
+        self._follower.start()
+        self._renderer.start()
+        self._folded.wait(INITIAL_FOLD_WAIT_S)
+
+    def wait(self, timeout: float | None = None) -> JobSnapshot:
+        """Block until the job has ended and the monitor drew its final state (or
+        `close()` was called); return the snapshot.
+
+        Raises `JobTimeoutError` when `timeout` seconds pass first. While a cell
+        waits, the kernel is busy and the Cancel button cannot be clicked.
+
+        Example:
+            >>> monitor.wait(timeout=600).step  # doctest: +SKIP
+            1000
+        """
+        if self._renderer is None:
+            raise RuntimeError("this monitor was made with start=False; call start() first")
+        self._renderer.join(timeout)
+        if self._renderer.is_alive():
+            state = self._snapshot.state.value
+            raise JobTimeoutError(
+                f"job {self.job.id} is still {state} after {timeout:g} s;"
+                " wait longer, or cancel it with the Cancel button or job.cancel()"
+            )
+        return self.snapshot
+
+    def close(self) -> None:
+        """Stop following and close the widgets (idempotent).
+
+        A follower blocked reading the stream ends at its next event; it is a
+        daemon thread, so it never keeps the kernel alive.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        renderer = self._renderer
+        if renderer is not None and renderer is not threading.current_thread():
+            renderer.join(timeout=5.0)
+        for widget in self._all_widgets:
+            widget.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        # The live widget, plus a static copy for exports (nbconvert, GitHub: no widget
+        # state) and text for terminals. Front ends pick the richest they can show.
+        with self._lock:
+            bundle: dict[str, Any] = {
+                "text/plain": self._text(),
+                "text/html": render.render_html(
+                    self._snapshot,
+                    name=self._name,
+                    chart_png=self._current_chart_png(),
+                    total_steps=self.total_steps,
+                    flops_per_step=self.flops_per_step,
+                    peak_flops=self.peak_flops,
+                ),
+            }
+        widget_repr = getattr(self.widget, "_repr_mimebundle_", None)  # None once closed
+        if callable(widget_repr):
+            view = widget_repr(**kwargs) or {}
+            key = "application/vnd.jupyter.widget-view+json"
+            if key in view:
+                bundle[key] = view[key]
+        return bundle
+
+    def __repr__(self) -> str:
+        with self._lock:
+            return self._text()
+
+    # -- widgets -----------------------------------------------------------------
+
+    def _build_widgets(self) -> None:
+        layout = widgets.Layout
+        self._state_widget = widgets.HTML(layout=layout(margin="0 12px 0 0"))
+        self._cancel_button = widgets.Button(
+            description="Cancel",
+            button_style="danger",
+            icon="stop",
+            tooltip="Cancel this job: job.cancel()",
+            layout=layout(width="auto"),
+        )
+        self._cancel_button.on_click(self._on_cancel_click)
+        self._progress_widget = widgets.IntProgress(
+            value=0, min=0, max=1, layout=layout(width="260px")
+        )
+        self._step_widget = widgets.HTML(layout=layout(margin="0 0 0 8px"))
+        self._metrics_widget = widgets.HTML()
+        self._metric_select = widgets.Dropdown(
+            options=[], description="metric", layout=layout(width="280px")
+        )
+        self._metric_select.observe(self._on_metric_change, names="value")
+        self._chart_widget = widgets.Image(
+            value=b"", format="png", layout=layout(display="none", max_width="100%")
+        )
+        self._util_widget = widgets.HTML()
+        self._checkpoints_widget = widgets.HTML()
+        self._failure_widget = widgets.HTML(layout=layout(display="none"))
+        self._log_rank_select = widgets.Dropdown(
+            options=[], description="log of", layout=layout(width="200px", display="none")
+        )
+        self._log_rank_select.observe(self._on_log_rank_change, names="value")
+        self._logs_widget = widgets.HTML()
+        self._error_widget = widgets.HTML(layout=layout(display="none"))
+        header = widgets.HBox(
+            [self._state_widget, self._cancel_button],
+            layout=layout(align_items="center", justify_content="space-between"),
+        )
+        progress_row = widgets.HBox(
+            [self._progress_widget, self._step_widget], layout=layout(align_items="center")
+        )
+        self.widget = widgets.VBox(
+            [
+                header,
+                progress_row,
+                self._metrics_widget,
+                self._metric_select,
+                self._chart_widget,
+                self._util_widget,
+                self._checkpoints_widget,
+                self._failure_widget,
+                self._log_rank_select,
+                self._logs_widget,
+                self._error_widget,
+            ],
+            layout=layout(padding="4px"),
+        )
+        for widget, css_class in (
+            (self.widget, "air-monitor"),
+            (self._state_widget, "air-state"),
+            (self._cancel_button, "air-cancel"),
+            (self._progress_widget, "air-progress"),
+            (self._step_widget, "air-step"),
+            (self._metrics_widget, "air-metrics"),
+            (self._metric_select, "air-metric"),
+            (self._chart_widget, "air-chart"),
+            (self._util_widget, "air-util"),
+            (self._checkpoints_widget, "air-checkpoints"),
+            (self._failure_widget, "air-failure"),
+            (self._log_rank_select, "air-log-rank"),
+            (self._logs_widget, "air-logs"),
+            (self._error_widget, "air-error"),
+        ):
+            widget.add_class(css_class)
+        self._all_widgets: list[widgets.Widget] = [
+            self.widget,
+            header,
+            progress_row,
+            *header.children,
+            *progress_row.children,
+            *self.widget.children[2:],
+        ]
+        self._apply(self._view())
+
+    def _on_cancel_click(self, _button: object = None) -> None:
+        # Runs on the kernel's shell thread: an error must show in the widget, since
+        # ipywidgets only logs exceptions of callbacks.
+        self._cancel_clicked = True
+        self._cancel_button.disabled = True
+        self._cancel_button.description = "Cancelling..."
+        try:
+            self.job.cancel()
+        except Exception as exc:
+            self._cancel_clicked = False
+            self._cancel_button.disabled = False
+            self._cancel_button.description = "Cancel"
+            self._set_error(f"cancel failed: {type(exc).__name__}: {exc}")
+
+    def _on_metric_change(self, change: dict[str, Any]) -> None:
+        if self._syncing or change["new"] is None:
+            return
+        self._on_choice(metric=change["new"])
+
+    def _on_log_rank_change(self, change: dict[str, Any]) -> None:
+        if self._syncing or change["new"] is None:
+            return
+        self._on_choice(log_rank=change["new"])
+
+    def _on_choice(self, *, metric: str | None = None, log_rank: int | None = None) -> None:
+        with self._changed:
+            if metric is not None:
+                self._metric = metric
+            if log_rank is not None:
+                self._log_rank = log_rank
+            if self._live:
+                self._dirty = True
+                self._changed.notify_all()
+                return
+        # The job has ended (or the monitor never started): draw here and now.
+        if not self._closed:
+            self._render_safely()
+
+    # -- threads -----------------------------------------------------------------
+
+    def _follow_loop(self) -> None:
+        backoff_s = FIRST_RETRY_BACKOFF_S
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not self._folded.is_set():
+                        self._initial_fold()
+                    if self._snapshot.state.terminal:
+                        return
+                    for event in self.job.follow(after=self._snapshot.last_seq):
+                        with self._changed:
+                            self._snapshot.apply(event)
+                            self._error = None
+                            self._dirty = True
+                            self._changed.notify_all()
+                        backoff_s = FIRST_RETRY_BACKOFF_S
+                        if self._stop.is_set() or self._snapshot.state.terminal:
+                            return
+                    return  # follow() ends only with the job
+                except _FINAL_ERRORS as exc:
+                    self._set_error(f"stopped following job {self.job.id}: {exc}")
+                    return
+                except Exception as exc:
+                    log.debug("monitor of %s: follow failed", self.job.id, exc_info=True)
+                    self._set_error(
+                        f"lost the event stream ({type(exc).__name__}: {exc});"
+                        f" retrying in {backoff_s:.0f} s"
+                    )
+                    if self._stop.wait(backoff_s):
+                        return
+                    backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
+        finally:
+            self._folded.set()
+            with self._changed:
+                self._follow_done = True
+                self._changed.notify_all()
+
+    def _initial_fold(self) -> None:
+        name: str | None = None
+        try:
+            name = getattr(self.job.record(), "name", None)
+        except _FINAL_ERRORS:
+            raise
+        except Exception:
+            log.debug("monitor of %s: no record for the name", self.job.id, exc_info=True)
+        folded = self.job.snapshot()
+        with self._changed:
+            if folded.last_seq >= self._snapshot.last_seq:
+                self._snapshot = folded
+            self._name = name
+            self._dirty = True
+            self._changed.notify_all()
+        self._folded.set()
+
+    def _render_loop(self) -> None:
+        try:
+            while True:
+                with self._changed:
+                    while not (self._dirty or self._follow_done or self._stop.is_set()):
+                        self._changed.wait()
+                    if self._stop.is_set() or (self._rendered_final and not self._dirty):
+                        # Under the lock: a later pick (metric, rank) sees `_live` False
+                        # and draws itself instead of waiting for this thread.
+                        self._live = False
+                        return
+                    ending = self._follow_done
+                    if not ending:
+                        wait_s = self._last_render + self._min_interval_s - time.monotonic()
+                        if wait_s > 0:
+                            self._changed.wait(wait_s)
+                            continue
+                    self._dirty = False
+                self._render_safely()
+                if ending:
+                    self._rendered_final = True
+        finally:
+            with self._changed:
+                self._live = False
+
+    def _set_error(self, message: str) -> None:
+        with self._changed:
+            self._error = message
+            self._dirty = True
+            self._changed.notify_all()
+        if not self._live and not self._closed:
+            self._render_safely()
+
+    # -- drawing -----------------------------------------------------------------
+
+    def _render_safely(self) -> None:
+        try:
+            with self._lock:
+                view = self._view()
+            if view.chart_source is not None:
+                # Drawn outside the lock (a chart takes 0.05-0.3 s) from a copy of the
+                # series, so the follower keeps applying events meanwhile.
+                png = None
+                if view.metric is not None:
+                    png = render_chart_png(
+                        view.chart_source,
+                        view.metric,
+                        width_px=CHART_WIDTH_PX,
+                        height_px=CHART_HEIGHT_PX,
+                    )
+                with self._lock:
+                    self._chart_key, self._chart_png = view.chart_key, png
+                view.chart_png = png
+            self._apply(view)
+        except Exception as exc:
+            # A drawing bug must not end following, nor pass unseen.
+            log.warning("monitor of %s: redraw failed", self.job.id, exc_info=True)
+            self._error_widget.value = render.error_html(f"the monitor could not redraw: {exc!r}")
+            self._error_widget.layout.display = None
+        finally:
+            self._last_render = time.monotonic()
+            self.num_renders += 1
+
+    def _chart_key_of(self, snap: JobSnapshot, metric: str | None) -> tuple[Any, ...]:
+        points = snap.series.get(metric, []) if metric else []
+        return (
+            metric,
+            len(points),
+            points[0] if points else None,
+            points[-1] if points else None,
+            tuple(snap.restarts_at_step),
+            len(snap.checkpoints),
+        )
+
+    def _current_chart_png(self) -> bytes | None:
+        metric = self._chosen_metric(self._snapshot)
+        if metric is None:
+            return None
+        if self._chart_key == self._chart_key_of(self._snapshot, metric):
+            return self._chart_png
+        return render_chart_png(
+            self._snapshot, metric, width_px=CHART_WIDTH_PX, height_px=CHART_HEIGHT_PX
+        )
+
+    def _chosen_metric(self, snap: JobSnapshot) -> str | None:
+        if self._metric is not None and self._metric in snap.series:
+            return self._metric
+        return render.default_metric(snap)
+
+    def _view(self) -> _View:
+        snap = self._snapshot
+        total = render.resolve_total_steps(snap, self.total_steps)
+        progress_max = total or 1
+        if snap.state is JobState.SUCCEEDED:
+            progress_value = progress_max  # done is done, whatever the last logged step
+        elif total is not None:
+            progress_value = min(snap.step or 0, total)
+        else:
+            progress_value = 0
+
+        metric = self._chosen_metric(snap)
+        key = self._chart_key_of(snap, metric)
+        chart_source = None
+        if key != self._chart_key:
+            points = list(snap.series.get(metric, [])) if metric is not None else []
+            chart_source = snap.model_copy(
+                update={
+                    "series": {metric: points} if metric is not None else {},
+                    "restarts_at_step": list(snap.restarts_at_step),
+                    "checkpoints": [dict(c) for c in snap.checkpoints],
+                }
+            )
+
+        log_ranks = sorted(snap.log_tail)
+        failing_rank = snap.failure.rank if snap.failure is not None else None
+        log_rank: int | None = log_ranks[0] if log_ranks else None
+        if self._log_rank is not None and self._log_rank in snap.log_tail:
+            log_rank = self._log_rank
+        elif failing_rank is not None and failing_rank in snap.log_tail:
+            log_rank = failing_rank  # what a user looks at first after a failure
+        logs = snap.log_tail.get(log_rank, []) if log_rank is not None else []
+
+        return _View(
+            state_html=render.badge_html(snap, name=self._name),
+            step_html=render.escape(render.progress_text(snap, total_steps=self.total_steps)),
+            progress_max=progress_max,
+            progress_value=progress_value,
+            bar_style=_BAR_STYLES.get(snap.state, ""),
+            # Without a total an empty bar would read "0% done": the step label and
+            # the rate carry the progress until the job has succeeded.
+            progress_shown=total is not None or snap.state is JobState.SUCCEEDED,
+            metrics_html=render.metrics_html(
+                snap, flops_per_step=self.flops_per_step, peak_flops=self.peak_flops
+            ),
+            metric_options=render.metric_names(snap),
+            metric=metric,
+            chart_key=key,
+            chart_source=chart_source,
+            chart_png=self._chart_png,
+            util_html=render.utilization_html(snap),
+            checkpoints_html=render.checkpoints_html(snap),
+            failure_html=render.failure_html(snap),
+            log_ranks=log_ranks,
+            log_rank=log_rank,
+            logs_html=render.logs_html(logs) if log_rank is not None else "",
+            error=self._error,
+            terminal=snap.state.terminal,
+        )
+
+    def _apply(self, view: _View) -> None:
+        # Assigning an unchanged value sends nothing to the browser (traitlets compares).
+        self._state_widget.value = view.state_html
+        self._step_widget.value = view.step_html
+        self._progress_widget.max = view.progress_max
+        self._progress_widget.value = view.progress_value
+        self._progress_widget.bar_style = view.bar_style
+        self._progress_widget.layout.display = None if view.progress_shown else "none"
+        self._metrics_widget.value = view.metrics_html
+        self._syncing = True
+        try:
+            if list(self._metric_select.options) != view.metric_options:
+                self._metric_select.options = view.metric_options
+            if view.metric is not None and self._metric_select.value != view.metric:
+                self._metric_select.value = view.metric
+            rank_options = [(f"rank {rank}", rank) for rank in view.log_ranks]
+            if list(self._log_rank_select.options) != rank_options:
+                self._log_rank_select.options = rank_options
+            if view.log_rank is not None and self._log_rank_select.value != view.log_rank:
+                self._log_rank_select.value = view.log_rank
+        finally:
+            self._syncing = False
+        if view.chart_source is not None:
+            self._chart_widget.value = view.chart_png or b""
+        self._chart_widget.layout.display = None if view.chart_png else "none"
+        self._util_widget.value = view.util_html
+        self._checkpoints_widget.value = view.checkpoints_html
+        self._failure_widget.value = view.failure_html
+        self._failure_widget.layout.display = None if view.failure_html else "none"
+        self._log_rank_select.layout.display = None if view.log_ranks else "none"
+        self._logs_widget.value = view.logs_html
+        self._error_widget.value = render.error_html(view.error) if view.error else ""
+        self._error_widget.layout.display = None if view.error else "none"
+        if view.terminal:
+            self._cancel_button.disabled = True
+            self._cancel_button.description = "Cancel"
+        else:
+            self._cancel_button.disabled = self._cancel_clicked
+
+    def _text(self) -> str:
+        return render.render_text(
+            self._snapshot,
+            name=self._name,
+            total_steps=self.total_steps,
+            flops_per_step=self.flops_per_step,
+            peak_flops=self.peak_flops,
+        )

@@ -1,0 +1,594 @@
+"""JobSnapshot -> HTML fragment and plain text: what the monitor shows, as pure functions.
+
+Nothing here draws a widget, makes a request or imports matplotlib: the live
+monitor (`monitor.py`) puts these fragments into its widgets, and the same
+functions give the static `text/html` and `text/plain` a notebook keeps when
+it is exported (nbconvert, GitHub) or read in a terminal.
+
+Every piece of user text (names, metric names, log lines, failure reasons,
+checkpoint fields) is HTML-escaped here, in one place: `_esc`.
+
+Example:
+    >>> snap = JobSnapshot(job_id="j")
+    >>> "QUEUED" in render_text(snap)
+    True
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from air_sdk.schema.snapshot import JobSnapshot
+from air_sdk.schema.state import JobState
+
+__all__ = [
+    "DEFAULT_LOG_LINES",
+    "badge_html",
+    "checkpoints_html",
+    "default_metric",
+    "error_html",
+    "escape",
+    "eta_seconds",
+    "failure_html",
+    "format_bytes",
+    "format_duration",
+    "format_number",
+    "format_rate",
+    "logs_html",
+    "metric_names",
+    "metrics_html",
+    "mfu",
+    "progress_text",
+    "render_html",
+    "render_text",
+    "resolve_total_steps",
+    "throughput",
+    "utilization_html",
+]
+
+#: log lines shown per rank (the snapshot keeps 50)
+DEFAULT_LOG_LINES = 20
+#: newest checkpoints listed; older ones are counted, not listed
+MAX_CHECKPOINT_ROWS = 10
+#: ranks whose log tail the static page carries (the failing rank first)
+MAX_LOG_RANKS = 8
+#: latest metric values shown beside the throughput
+MAX_SHOWN_METRICS = 12
+#: the scalar a training script may log to tell the monitor how many steps it will run
+TOTAL_STEPS_METRIC = "total_steps"
+
+_STATE_COLOURS = {
+    JobState.QUEUED: "#6b7280",
+    JobState.SCHEDULED: "#0891b2",
+    JobState.STARTING: "#0891b2",
+    JobState.RUNNING: "#16a34a",
+    JobState.RESTARTING: "#d97706",
+    JobState.SUCCEEDED: "#15803d",
+    JobState.FAILED: "#dc2626",
+    JobState.CANCELLED: "#4b5563",
+}
+_BORDER = "var(--jp-border-color2, #d0d0d0)"
+_MUTED = "var(--jp-ui-font-color2, #666)"
+_TABLE = f"border-collapse:collapse;font-size:12px;margin:2px 0;border:1px solid {_BORDER}"
+_CELL = f"padding:1px 8px;border:1px solid {_BORDER}"
+_PRE = (
+    "margin:2px 0;padding:4px 6px;font-size:11px;line-height:1.3;max-height:22em;"
+    f"overflow:auto;white-space:pre-wrap;word-break:break-all;border:1px solid {_BORDER}"
+)
+
+
+def escape(value: object) -> str:
+    """`str(value)` made safe to put in HTML (the one escaping function of the monitor).
+
+    Example:
+        >>> escape("<script>")
+        '&lt;script&gt;'
+    """
+    return html.escape(str(value), quote=True)
+
+
+_esc = escape
+
+
+# -- numbers -------------------------------------------------------------------
+
+
+def format_number(value: float) -> str:
+    """A metric value: 4 significant digits, k/M/G/T/P for large magnitudes.
+
+    Example:
+        >>> format_number(0.012345), format_number(74740.0), format_number(3.2e12)
+        ('0.01235', '74.74k', '3.2T')
+    """
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    size = abs(value)
+    for suffix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if size >= scale:
+            return f"{value / scale:.4g}{suffix}"
+    return f"{value:.4g}"
+
+
+def format_bytes(num_bytes: float) -> str:
+    """A size in binary units.
+
+    Example:
+        >>> format_bytes(3 * 1024**3)
+        '3.0 GiB'
+    """
+    size = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for an ETA: 42s, 3m 05s, 1h 02m, 2d 03h.
+
+    Example:
+        >>> format_duration(185), format_duration(3725)
+        ('3m 05s', '1h 02m')
+    """
+    total = max(int(round(seconds)), 0)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+def format_rate(steps_per_s: float | None) -> str:
+    """Steps per second, or seconds per step when a step takes longer than one.
+
+    Example:
+        >>> format_rate(45.06), format_rate(0.25), format_rate(None)
+        ('45.1 steps/s', '4.0 s/step', '')
+    """
+    if steps_per_s is None or steps_per_s <= 0 or not math.isfinite(steps_per_s):
+        return ""
+    if steps_per_s < 1:
+        return f"{1 / steps_per_s:.1f} s/step"
+    return f"{steps_per_s:.1f} steps/s"
+
+
+# -- derived values ------------------------------------------------------------
+
+
+def resolve_total_steps(snapshot: JobSnapshot, total_steps: int | None = None) -> int | None:
+    """The run's length: the monitor's `total_steps=` option, else a logged `total_steps`.
+
+    Example:
+        >>> resolve_total_steps(JobSnapshot(job_id="j"), 500)
+        500
+    """
+    if total_steps is not None:
+        return total_steps
+    logged = snapshot.latest.get(TOTAL_STEPS_METRIC)
+    if logged is None or not math.isfinite(logged) or logged < 1:
+        return None
+    return int(logged)
+
+
+def eta_seconds(snapshot: JobSnapshot, total_steps: int | None = None) -> float | None:
+    """Seconds left at the average rate so far; None without a known total or a rate.
+
+    Example:
+        >>> eta_seconds(JobSnapshot(job_id="j"), 100) is None  # no steps yet
+        True
+    """
+    total = resolve_total_steps(snapshot, total_steps)
+    rate = snapshot.steps_per_second
+    if total is None or rate is None or rate <= 0 or snapshot.step is None:
+        return None
+    if snapshot.state.terminal:
+        return None
+    return max(total - snapshot.step, 0) / rate
+
+
+def throughput(snapshot: JobSnapshot) -> list[tuple[str, float]]:
+    """Samples and tokens per second: logged directly (`samples_per_s`, `tokens_per_s`)
+    or per step (`samples`, `tokens`) times steps per second.
+
+    Example:
+        >>> snap = JobSnapshot(job_id="j", latest={"tokens_per_s": 5e4})
+        >>> throughput(snap)
+        [('tokens/s', 50000.0)]
+    """
+    rate = snapshot.steps_per_second
+    found: list[tuple[str, float]] = []
+    for unit in ("samples", "tokens"):
+        direct = snapshot.latest.get(f"{unit}_per_s")
+        per_step = snapshot.latest.get(unit)
+        if direct is not None:
+            found.append((f"{unit}/s", direct))
+        elif per_step is not None and rate is not None:
+            found.append((f"{unit}/s", per_step * rate))
+    return found
+
+
+def mfu(
+    snapshot: JobSnapshot, flops_per_step: float | None, peak_flops: float | None
+) -> float | None:
+    """Model FLOPs utilization, 0..1: flops_per_step * steps_per_s / peak_flops.
+
+    `flops_per_step` counts the whole job's work per step (every rank);
+    `peak_flops` is the peak FLOP/s of all the job's devices together.
+
+    Example:
+        >>> snap = JobSnapshot(job_id="j", step=10, first_point_step=0,
+        ...                    first_point_ts=0.0, last_point_ts=10.0)
+        >>> mfu(snap, flops_per_step=4e12, peak_flops=1e13)
+        0.4
+    """
+    rate = snapshot.steps_per_second
+    if flops_per_step is None or not peak_flops or rate is None:
+        return None
+    return flops_per_step * rate / peak_flops
+
+
+def metric_names(snapshot: JobSnapshot) -> list[str]:
+    """Charted metric names: "loss" first, then the rest by name.
+
+    Example:
+        >>> metric_names(JobSnapshot(job_id="j", series={"lr": [], "loss": []}))
+        ['loss', 'lr']
+    """
+    return sorted(snapshot.series, key=lambda name: (name != "loss", name))
+
+
+def default_metric(snapshot: JobSnapshot) -> str | None:
+    """The metric charted unless the user picks another: "loss" when logged.
+
+    Example:
+        >>> default_metric(JobSnapshot(job_id="j")) is None
+        True
+    """
+    names = metric_names(snapshot)
+    return names[0] if names else None
+
+
+# -- sections (each an HTML fragment the widget and the static page share) ------
+
+
+def badge_html(snapshot: JobSnapshot, *, name: str | None = None) -> str:
+    """The state in capitals on its colour, the job, and the attempt."""
+    colour = _STATE_COLOURS.get(snapshot.state, "#6b7280")
+    badge = (
+        f'<span class="air-badge" style="background:{colour};color:#fff;font-weight:600;'
+        f'padding:1px 8px;border-radius:4px;letter-spacing:0.03em">{_esc(snapshot.state.value)}</span>'
+    )
+    label = _esc(snapshot.job_id) + (f" ({_esc(name)})" if name else "")
+    attempt = f"attempt {snapshot.attempt}{_restarts(snapshot.num_restarts)}"
+    reason = ""
+    if snapshot.state_reason and snapshot.state is not JobState.RUNNING:
+        reason = f' <span style="color:{_MUTED}">{_esc(snapshot.state_reason)}</span>'
+    return f"{badge} <b>{label}</b> &middot; {attempt}{reason}"
+
+
+def _restarts(num_restarts: int) -> str:
+    if not num_restarts:
+        return ""
+    return f" ({num_restarts} restart{'s' if num_restarts != 1 else ''})"
+
+
+def progress_text(snapshot: JobSnapshot, *, total_steps: int | None = None) -> str:
+    """`step 120 / 1000 (12%) · 45.1 steps/s · ETA 3m 05s` (plain text, no markup).
+
+    Example:
+        >>> progress_text(JobSnapshot(job_id="j"))
+        'no steps yet'
+    """
+    if snapshot.step is None:
+        return "no steps yet"
+    total = resolve_total_steps(snapshot, total_steps)
+    pieces = [f"step {snapshot.step}"]
+    if total is not None:
+        pieces[0] += f" / {total} ({min(snapshot.step / total, 1.0):.0%})"
+    rate = format_rate(snapshot.steps_per_second)
+    if rate:
+        pieces.append(rate)
+    eta = eta_seconds(snapshot, total_steps)
+    if eta is not None:
+        pieces.append(f"ETA {format_duration(eta)}")
+    return " · ".join(pieces)
+
+
+def _perf_pieces(
+    snapshot: JobSnapshot, flops_per_step: float | None, peak_flops: float | None
+) -> list[str]:
+    pieces = [f"{format_number(value)} {unit}" for unit, value in throughput(snapshot)]
+    utilization = mfu(snapshot, flops_per_step, peak_flops)
+    if utilization is not None:
+        pieces.append(f"MFU {utilization:.1%}")
+    return pieces
+
+
+def metrics_html(
+    snapshot: JobSnapshot,
+    *,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+) -> str:
+    """Throughput, MFU and the latest value of every metric ("" before any)."""
+    parts: list[str] = []
+    perf = _perf_pieces(snapshot, flops_per_step, peak_flops)
+    if perf:
+        parts.append("<b>" + " &middot; ".join(_esc(p) for p in perf) + "</b>")
+    names = sorted(snapshot.latest, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+    if names:
+        parts.append(
+            " &middot; ".join(
+                f'<span style="color:{_MUTED}">{_esc(n)}</span> {_esc(format_number(snapshot.latest[n]))}'
+                for n in names
+            )
+        )
+    if snapshot.dropped_points:
+        parts.append(
+            f'<span style="color:#d97706">{snapshot.dropped_points} metric points dropped'
+            " on the workers (the gateway fell behind)</span>"
+        )
+    return "<br>".join(parts)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    head = "".join(f'<th style="{_CELL};text-align:left">{_esc(h)}</th>' for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            # Numbers line up on the right, names on the left.
+            f'<td style="{_CELL};text-align:{"right" if cell[:1].isdigit() else "left"}">'
+            f"{_esc(cell)}</td>"
+            for cell in row
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f'<table style="{_TABLE}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return "" if value is None else fmt.format(value)
+
+
+def utilization_html(snapshot: JobSnapshot) -> str:
+    """One row per node and device: util %, memory, power ("" before any sample)."""
+    if not snapshot.utilization:
+        return ""
+    rows = []
+    for key in sorted(snapshot.utilization):
+        s = snapshot.utilization[key]
+        if s.mem_used_mib is not None and s.mem_total_mib:
+            memory = f"{s.mem_used_mib / 1024:.1f} / {s.mem_total_mib / 1024:.1f} GiB"
+        else:
+            memory = _opt(s.mem_used_mib, "{:.0f} MiB")
+        rows.append(
+            [s.node, s.device, _opt(s.util_pct, "{:.0f}%"), memory, _opt(s.power_w, "{:.0f} W")]
+        )
+    return "<b>utilization</b>" + _table(["node", "device", "util", "memory", "power"], rows)
+
+
+def _checkpoint_cell(key: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if key in ("size", "size_bytes", "bytes", "num_bytes") and isinstance(value, int | float):
+        return format_bytes(value)
+    if key in ("seconds", "duration_s", "save_seconds") and isinstance(value, int | float):
+        return f"{value:.2f} s"
+    if key in ("ts", "time", "committed_at") and isinstance(value, int | float):
+        return time.strftime("%H:%M:%S", time.localtime(value))
+    if isinstance(value, float):
+        return format_number(value)
+    return str(value)
+
+
+def checkpoints_html(snapshot: JobSnapshot) -> str:
+    """The committed checkpoints, newest first: step and whatever else they carry."""
+    if not snapshot.checkpoints:
+        return ""
+    columns = ["step"]
+    for checkpoint in snapshot.checkpoints:
+        columns.extend(k for k in checkpoint if k not in columns)
+    shown = snapshot.checkpoints[-MAX_CHECKPOINT_ROWS:][::-1]
+    rows = [[_checkpoint_cell(c, ck.get(c)) for c in columns] for ck in shown]
+    older = len(snapshot.checkpoints) - len(shown)
+    note = f'<div style="color:{_MUTED};font-size:11px">and {older} older</div>' if older else ""
+    count = len(snapshot.checkpoints)
+    return f"<b>checkpoints ({count})</b>" + _table(columns, rows) + note
+
+
+def _pre(lines: Sequence[str]) -> str:
+    return f'<pre style="{_PRE}">' + _esc("\n".join(lines)) + "</pre>"
+
+
+def failure_html(snapshot: JobSnapshot, *, max_lines: int = DEFAULT_LOG_LINES) -> str:
+    """Why the latest failed attempt failed: reason, rank, exit code or signal, log tail."""
+    failure = snapshot.failure
+    if failure is None:
+        if snapshot.state is JobState.FAILED:
+            reason = snapshot.state_reason or "no reason recorded"
+            return f'<div style="color:#dc2626"><b>failed:</b> {_esc(reason)}</div>'
+        return ""
+    if snapshot.state is JobState.FAILED:
+        title = f"attempt {failure.attempt} failed; the job FAILED"
+    elif snapshot.state is JobState.RESTARTING:
+        title = f"attempt {failure.attempt} failed; restarting"
+    else:
+        title = f"attempt {failure.attempt} failed"
+        if snapshot.attempt > failure.attempt:
+            title += f" (recovered: attempt {snapshot.attempt})"
+    parts = [f"<b>{_esc(title)}:</b> {_esc(failure.reason or 'no reason recorded')}"]
+    if failure.rank is not None:
+        if failure.signal:
+            how = f"killed by signal {failure.signal}"
+        else:
+            how = f"exit code {failure.exit_code}"
+        parts.append(f"first failing rank: rank {failure.rank}, {_esc(how)}")
+    others = [e for e in failure.rank_exits if not e.ok and e.rank != failure.rank]
+    if others:
+        parts.append("then: " + _esc("; ".join(e.describe() for e in others)))
+    tail = list(failure.log_tail)
+    if not tail and failure.rank is not None:
+        tail = snapshot.log_tail.get(failure.rank, [])
+    body = "<br>".join(parts)
+    if tail:
+        body += _pre(tail[-max_lines:])
+    return f'<div style="color:#b91c1c">{body}</div>'
+
+
+def error_html(message: str) -> str:
+    """A problem of the monitor itself (a lost stream, a failed cancel), in amber.
+
+    Example:
+        >>> error_html("lost <stream>")  # doctest: +ELLIPSIS
+        '<div ...>&#9888; lost &lt;stream&gt;</div>'
+    """
+    return f'<div style="color:#b45309;font-size:12px">&#9888; {_esc(message)}</div>'
+
+
+def logs_html(lines: Sequence[str], *, max_lines: int = DEFAULT_LOG_LINES) -> str:
+    """The last `max_lines` lines in an escaped `<pre>`.
+
+    Example:
+        >>> logs_html(["<script>x</script>"])  # doctest: +ELLIPSIS
+        '<pre ...>&lt;script&gt;x&lt;/script&gt;</pre>'
+    """
+    if not lines:
+        return f'<div style="color:{_MUTED};font-size:12px">no output yet</div>'
+    return _pre(list(lines)[-max_lines:])
+
+
+# -- whole views ---------------------------------------------------------------
+
+
+def render_html(
+    snapshot: JobSnapshot,
+    *,
+    name: str | None = None,
+    chart_png: bytes | None = None,
+    total_steps: int | None = None,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    max_log_lines: int = DEFAULT_LOG_LINES,
+    max_log_ranks: int = MAX_LOG_RANKS,
+) -> str:
+    """A self-contained HTML fragment of the whole monitor (the static copy a notebook
+    keeps): badge, progress, metrics, chart (an inline PNG), utilization, checkpoints,
+    failure and each rank's last log lines.
+
+    Example:
+        >>> page = render_html(JobSnapshot(job_id="j"), name="demo")
+        >>> "QUEUED" in page and "demo" in page
+        True
+    """
+    total = resolve_total_steps(snapshot, total_steps)
+    parts = [f"<div>{badge_html(snapshot, name=name)}</div>"]
+    progress = _esc(progress_text(snapshot, total_steps=total_steps))
+    if total is not None and snapshot.step is not None:
+        value = min(snapshot.step, total)
+        progress = (
+            f'<progress value="{value}" max="{total}" style="width:240px"></progress> {progress}'
+        )
+    parts.append(f"<div>{progress}</div>")
+    for section in (
+        metrics_html(snapshot, flops_per_step=flops_per_step, peak_flops=peak_flops),
+        _chart_img(chart_png),
+        utilization_html(snapshot),
+        checkpoints_html(snapshot),
+        failure_html(snapshot, max_lines=max_log_lines),
+    ):
+        if section:
+            parts.append(f"<div>{section}</div>")
+    # The failing rank first, then the lowest ranks: a 64-rank job must not put
+    # 64 logs into the notebook file.
+    failing = snapshot.failure.rank if snapshot.failure is not None else None
+    ranks = sorted(snapshot.log_tail, key=lambda rank: (rank != failing, rank))
+    for rank in ranks[:max_log_ranks]:
+        parts.append(
+            f"<div><b>rank {rank} log</b>"
+            + logs_html(snapshot.log_tail[rank], max_lines=max_log_lines)
+            + "</div>"
+        )
+    if len(ranks) > max_log_ranks:
+        parts.append(
+            f'<div style="color:{_MUTED}">and the logs of {len(ranks) - max_log_ranks}'
+            " more ranks (job.logs(rank=...))</div>"
+        )
+    body = "".join(parts)
+    return (
+        '<div class="air-static" style="font-family:var(--jp-ui-font-family, sans-serif);'
+        f'font-size:13px;line-height:1.5">{body}</div>'
+    )
+
+
+def _chart_img(chart_png: bytes | None) -> str:
+    if not chart_png:
+        return ""
+    data = base64.b64encode(chart_png).decode("ascii")
+    return f'<img alt="metric chart" src="data:image/png;base64,{data}">'
+
+
+def render_text(
+    snapshot: JobSnapshot,
+    *,
+    name: str | None = None,
+    total_steps: int | None = None,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    max_log_lines: int = 5,
+) -> str:
+    """A plain-text summary for terminals and non-Jupyter front ends.
+
+    Example:
+        >>> print(render_text(JobSnapshot(job_id="j"), name="demo"))
+        j (demo)  QUEUED  attempt 0
+        no steps yet
+    """
+    restarts = _restarts(snapshot.num_restarts)
+    label = snapshot.job_id + (f" ({name})" if name else "")
+    lines = [f"{label}  {snapshot.state.value}  attempt {snapshot.attempt}{restarts}"]
+    if snapshot.state_reason and snapshot.state is not JobState.RUNNING:
+        lines[0] += f"  {snapshot.state_reason}"
+    lines.append(progress_text(snapshot, total_steps=total_steps).replace(" · ", "  "))
+    names = sorted(snapshot.latest, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+    if names:
+        lines.append("  ".join(f"{n} {format_number(snapshot.latest[n])}" for n in names))
+    perf = _perf_pieces(snapshot, flops_per_step, peak_flops)
+    if perf:
+        lines.append("  ".join(perf))
+    for key in sorted(snapshot.utilization):
+        s = snapshot.utilization[key]
+        cells = [f"{s.node}/{s.device}", _opt(s.util_pct, "{:.0f}%")]
+        if s.mem_used_mib is not None and s.mem_total_mib:
+            cells.append(f"{s.mem_used_mib / 1024:.1f}/{s.mem_total_mib / 1024:.1f} GiB")
+        cells.append(_opt(s.power_w, "{:.0f} W"))
+        lines.append("util " + " ".join(c for c in cells if c))
+    if snapshot.checkpoints:
+        latest = snapshot.checkpoints[-1].get("step")
+        lines.append(f"checkpoints: {len(snapshot.checkpoints)} (latest at step {latest})")
+    failure = snapshot.failure
+    if failure is not None:
+        how = ""
+        if failure.rank is not None:
+            how = f" rank {failure.rank} " + (
+                f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
+            )
+        lines.append(f"attempt {failure.attempt} failed:{how}: {failure.reason}")
+        tail = list(failure.log_tail)
+        if not tail and failure.rank is not None:
+            tail = snapshot.log_tail.get(failure.rank, [])
+        lines.extend(f"  | {line}" for line in tail[-max_log_lines:])
+    elif snapshot.state is JobState.FAILED:
+        lines.append(f"failed: {snapshot.state_reason or 'no reason recorded'}")
+    return "\n".join(lines)
