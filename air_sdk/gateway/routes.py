@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
@@ -21,6 +22,7 @@ import air_sdk
 from air_sdk.bundle import DEFAULT_MAX_BYTES, unpack_bundle
 from air_sdk.errors import BundleError
 from air_sdk.gateway.app import CtxDep, Principal, PrincipalDep, bearer_token, get_ctx
+from air_sdk.runner.accounting import Accounting, AttemptTimes, account
 from air_sdk.runner.service import job_request
 from air_sdk.scheduler import fits_ever
 from air_sdk.schema import (
@@ -58,6 +60,17 @@ def _job_or_404(ctx: CtxDep, principal: Principal, job_id: str) -> JobRecord:
     if job is None:
         raise HTTPException(404, f"no job {job_id!r}: list yours with `air jobs`")
     return job
+
+
+def _accounting(ctx: CtxDep, job: JobRecord) -> Accounting:
+    times = [AttemptTimes(a, first, last) for a, first, last in ctx.store.attempt_times(job.id)]
+    return account(
+        ctx.store.list_attempts(job.id),
+        times,
+        job_ended_at=job.ended_at,
+        now=time.time(),
+        succeeded=job.state is JobState.SUCCEEDED,
+    )
 
 
 def _with_queue_position(ctx: CtxDep, job: JobRecord) -> JobRecord:
@@ -187,7 +200,10 @@ def list_jobs(
 
 @router.get("/jobs/{job_id}", response_model=JobRecord)
 def get_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
-    return _with_queue_position(ctx, _job_or_404(ctx, principal, job_id))
+    job = _with_queue_position(ctx, _job_or_404(ctx, principal, job_id))
+    if job.attempt:
+        job = job.model_copy(update={"goodput": _accounting(ctx, job).goodput})
+    return job
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobRecord)
@@ -202,8 +218,19 @@ def cancel_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
 
 @router.get("/jobs/{job_id}/attempts", response_model=AttemptList)
 def list_attempts(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> AttemptList:
-    _job_or_404(ctx, principal, job_id)
-    return AttemptList(attempts=ctx.store.list_attempts(job_id))
+    job = _job_or_404(ctx, principal, job_id)
+    acc = _accounting(ctx, job)
+    return AttemptList(
+        attempts=[
+            a.model_copy(
+                update={
+                    "productive_s": acc.productive_s.get(a.attempt),
+                    "time_lost_s": acc.lost_s.get(a.attempt),
+                }
+            )
+            for a in ctx.store.list_attempts(job_id)
+        ]
+    )
 
 
 @router.get("/jobs/{job_id}/events", response_model=EventPage)

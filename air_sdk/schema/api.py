@@ -90,6 +90,8 @@ class JobRecord(_Wire):
     failure: FailureInfo | None = None
     cancel_requested: bool = False
     queue_position: int | None = None
+    #: productive training time / wall time, from the attempts' progress and checkpoints
+    goodput: float | None = None
 
 
 class JobList(_Wire):
@@ -105,6 +107,9 @@ class AttemptRecord(_Wire):
     reason: str = ""
     failure: FailureInfo | None = None
     resumed_from_step: int | None = None
+    #: seconds of this attempt whose work was kept / was not (launch, redone work, teardown)
+    productive_s: float | None = None
+    time_lost_s: float | None = None
 
 
 class AttemptList(_Wire):

@@ -412,6 +412,26 @@ class SqliteStore:
             for r in rows
         ]
 
+    def attempt_times(self, job_id: str) -> list[tuple[int, float | None, float | None]]:
+        """(attempt, first metrics point time, last checkpoint commit time) per attempt."""
+        rows = self._read(
+            "SELECT attempt,"
+            " MIN(CASE WHEN type = 'metrics' THEN ts END) AS first_progress,"
+            " MAX(CASE WHEN type = 'checkpoint' AND json_extract(data, '$.skipped') IS NULL"
+            " THEN ts END) AS last_commit"
+            " FROM events WHERE job_id = ? AND attempt IS NOT NULL AND type IN"
+            " ('metrics', 'checkpoint') GROUP BY attempt",
+            (job_id,),
+        )
+        return [(r["attempt"], r["first_progress"], r["last_commit"]) for r in rows]
+
+    def set_resumed_from(self, job_id: str, attempt: int, step: int | None) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE attempts SET resumed_from_step = ? WHERE job_id = ? AND attempt = ?",
+                (step, job_id, attempt),
+            )
+
     def check_worker_token(self, job_id: str, attempt: int, token: str) -> str:
         """'ok', 'stale' (a real token of an older attempt, or of an ended one: fenced) or
         'invalid'."""

@@ -61,6 +61,10 @@ def test_sigkill_of_one_rank_restarts_the_job(gateway, workdir):
     first = job.attempts()[0]
     assert first.failure is not None and first.failure.rank == 1
     assert first.failure.signal == "SIGKILL" and first.failure.kind == "crash"
+    # no checkpoints: the first attempt's work was all lost; the second's was kept
+    assert first.productive_s == 0 and first.time_lost_s > 0
+    assert job.attempts()[1].productive_s > 0
+    assert 0 < gateway.job(job.id).record().goodput < 1
     assert no_processes_left(job.id)
 
 
