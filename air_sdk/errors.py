@@ -7,6 +7,7 @@ AirError
 ├── BundleError             packaging or unpacking job code
 │   ├── BundleTooLargeError   over the size or file-count limit
 │   └── UnsafeBundleError     absolute paths, "..", links out, devices
+├── CheckpointError         a checkpoint could not be saved, committed or loaded
 ├── TransportError          the gateway could not be reached (after retries)
 ├── ApiError                the gateway answered with an error status
 │   ├── AuthError             401: no token or a wrong one
@@ -32,6 +33,7 @@ __all__ = [
     "AuthError",
     "BundleError",
     "BundleTooLargeError",
+    "CheckpointError",
     "ConfigError",
     "ConflictError",
     "IdempotencyError",
@@ -67,6 +69,10 @@ class BundleTooLargeError(BundleError):
 
 class UnsafeBundleError(BundleError):
     """An archive member would escape the target directory or is not a plain file."""
+
+
+class CheckpointError(AirError):
+    """A checkpoint could not be saved, committed or loaded; the message says what to change."""
 
 
 class TransportError(AirError):

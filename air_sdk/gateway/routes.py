@@ -44,6 +44,7 @@ from air_sdk.schema import (
     NodeInfo,
     WorkerReport,
 )
+from air_sdk.schema.events import CheckpointRestore
 from air_sdk.store import IdempotencyConflict
 
 router = APIRouter(prefix="/v1")
@@ -393,6 +394,9 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
     if report.samples:
         items.append((EventType.UTIL, report.model_dump_json(include={"samples"})))
     items.extend((EventType.CHECKPOINT, record.model_dump_json()) for record in report.checkpoints)
+    for record in report.checkpoints:
+        if isinstance(record, CheckpointRestore):
+            await run_in_threadpool(ctx.store.set_resumed_from, job_id, attempt, record.step)
     if report.exit is not None:
         items.append((EventType.RANK_EXIT, report.exit.model_dump_json()))
     step = report.heartbeat_step

@@ -10,8 +10,11 @@ for step in range(num_steps):
 if air.is_main():
     print("done")
 del model
-air.shutdown()                        # flush, then destroy the process group safely
+air.shutdown()                        # commit a save in flight, flush, destroy the group
 ```
+
+Checkpoints: `air.checkpoint.save(state, step=...)`, `step = air.checkpoint.load(state)`
+(see `air_sdk.runtime.checkpoint`); exact data resume: `air.resumable_loader(...)`.
 
 Without the `AIR_*` env (a script run by hand or by bare torchrun) nothing is
 posted: `log()` only keeps the latest values. Importing this package does not
@@ -26,16 +29,20 @@ from air_sdk.runtime._context import Context, context
 
 __all__ = [
     "Context",
+    "StatefulDistributedSampler",
+    "checkpoint",
     "context",
     "flush",
     "heartbeat",
     "init",
     "is_main",
     "log",
+    "resumable_loader",
     "shutdown",
 ]
 
 _LAZY = frozenset({"flush", "heartbeat", "init", "is_main", "log", "shutdown"})
+_LAZY_DATA = frozenset({"StatefulDistributedSampler", "resumable_loader"})
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +53,16 @@ def __getattr__(name: str) -> Any:
         from air_sdk.runtime import _api
 
         value = getattr(_api, name)
+        globals()[name] = value
+        return value
+    if name == "checkpoint":  # a submodule: importing it binds it here too
+        import importlib
+
+        return importlib.import_module("air_sdk.runtime.checkpoint")
+    if name in _LAZY_DATA:  # imports torch
+        from air_sdk.runtime import data
+
+        value = getattr(data, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'air_sdk.runtime' has no attribute {name!r}")

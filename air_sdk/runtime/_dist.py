@@ -94,7 +94,8 @@ def init(backend: str | None = None, timeout_s: float = 300.0) -> Context:
 
 
 def shutdown(flush_timeout_s: float = 10.0) -> None:
-    """Flush metrics, then destroy the process group without crashing the interpreter.
+    """Commit a checkpoint still being saved, flush metrics, then destroy the process group
+    without crashing the interpreter.
 
     Call it at the end of training, after `del model` (and the optimizer) so the
     DDP reducer lets go of the process group: with torch 2.x a plain
@@ -111,6 +112,9 @@ def shutdown(flush_timeout_s: float = 10.0) -> None:
         if _shut_down:
             return
         _shut_down = True
+    checkpoint = sys.modules.get("air_sdk.runtime.checkpoint")
+    if checkpoint is not None:  # commit an in-flight save while its process group still exists
+        checkpoint._finalize_pending()
     get_shipper().flush(flush_timeout_s)
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():

@@ -43,6 +43,7 @@ class _Batch:
     heartbeat_step: int | None = None
     exit: dict[str, Any] | None = field(default=None)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self, rank: int) -> bytes:
         # Plain dicts and json.dumps: no pydantic objects per point on any path.
@@ -57,6 +58,8 @@ class _Batch:
             body["dropped_points"] = self.dropped_points
         if self.samples:
             body["samples"] = self.samples
+        if self.checkpoints:
+            body["checkpoints"] = self.checkpoints
         text = json.dumps(body, separators=(",", ":"))
         if self.points:
             text = f'{text[:-1]},"points":{_points_json(self.points)}}}'
@@ -153,6 +156,7 @@ class MetricsShipper:
         self._heartbeat_pending = False
         self._exit: dict[str, Any] | None = None
         self._samples: list[dict[str, Any]] = []
+        self._checkpoints: list[dict[str, Any]] = []
         self._num_enqueued = 0  # every item handed to the shipper, to tell flush() when it is done
         self._num_settled = 0
         self._settled = threading.Condition()
@@ -223,6 +227,16 @@ class MetricsShipper:
         with self._lock:
             self._samples = (self._samples + samples)[-_MAX_PENDING_SAMPLES:]
             self._num_enqueued += 1
+
+    def add_checkpoint(self, record: Mapping[str, Any]) -> None:
+        """Queue one checkpoint record (a CheckpointCommit or CheckpointSkip as a dict);
+        it goes out with the next report and is kept if posting fails."""
+        if not self._enabled:
+            return
+        with self._lock:
+            self._checkpoints.append(dict(record))
+            self._num_enqueued += 1
+        self._wake.set()
 
     def report_exit(self, rank_exit: RankExit) -> None:
         """Queue the rank's exit; it goes out after every line queued before it."""
@@ -295,11 +309,12 @@ class MetricsShipper:
             self._heartbeat_pending = False
             rank_exit, self._exit = self._exit, None
             samples, self._samples = self._samples, []
+            checkpoints, self._checkpoints = self._checkpoints, []
             taken = self._num_enqueued
             last_step = self.last_step
         if dropped_lines:
             lines.appendleft(f"[air] {dropped_lines} earlier output lines were dropped")
-        if points or lines or heartbeat or rank_exit or dropped or samples:
+        if points or lines or heartbeat or rank_exit or dropped or samples or checkpoints:
             batches = _split(list(points), list(lines))
             batches[0].dropped_points = dropped
             for batch in batches:
@@ -308,6 +323,7 @@ class MetricsShipper:
                 batches[-1].heartbeat_step = last_step
             batches[-1].exit = rank_exit
             batches[-1].samples = samples
+            batches[-1].checkpoints = checkpoints
             for index, batch in enumerate(batches):
                 outcome = self._poster.post(batch.to_json(self.rank))
                 if outcome is PostOutcome.FAILED:
@@ -337,6 +353,7 @@ class MetricsShipper:
             self._heartbeat_pending = True
             if self._exit is None:
                 self._exit = batches[-1].exit
+            self._checkpoints = batches[-1].checkpoints + self._checkpoints
 
     def _trim_lines(self) -> None:
         """Drop the oldest lines beyond the budget; call with the lock held."""
@@ -352,6 +369,7 @@ class MetricsShipper:
             self._lines.clear()
             self._line_bytes = 0
             self._exit = None
+            self._checkpoints.clear()
         with self._settled:
             self._settled.notify_all()
 

@@ -174,6 +174,22 @@ class CheckpointSkip(BaseModel):
     attempt: int = 0
 
 
+class CheckpointRestore(BaseModel):
+    """The checkpoint an attempt resumed from, reported by rank 0 after a load.
+
+    Example:
+        >>> CheckpointRestore(step=40, path="/ckpt/step-40", restored=True).step
+        40
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: int = Field(ge=0)
+    path: str
+    restored: Literal[True] = True
+    attempt: int = 0
+
+
 class WorkerReport(BaseModel):
     """What a rank (its runtime or its supervisor) posts to the gateway, batched.
 
@@ -190,6 +206,6 @@ class WorkerReport(BaseModel):
     samples: list[DeviceSample] = Field(default_factory=list, max_length=1000)
     heartbeat_step: int | None = None
     dropped_points: int = Field(0, ge=0, description="Points dropped on the worker (buffer full).")
-    checkpoints: list[CheckpointCommit | CheckpointSkip] = Field(
+    checkpoints: list[CheckpointCommit | CheckpointSkip | CheckpointRestore] = Field(
         default_factory=list, max_length=100
     )

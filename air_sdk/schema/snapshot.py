@@ -57,6 +57,10 @@ class JobSnapshot(BaseModel):
     utilization: dict[str, DeviceSample] = Field(default_factory=dict)
     #: committed checkpoints, oldest first (event data: step, path, size, seconds ...)
     checkpoints: list[dict[str, Any]] = Field(default_factory=list)
+    #: checkpoints restore passed over (files not matching their manifest), with why
+    skipped_checkpoints: list[dict[str, Any]] = Field(default_factory=list)
+    #: the step the current attempt resumed from (None: it started from scratch)
+    resumed_from_step: int | None = None
 
     @classmethod
     def fold(cls, job_id: str, events: list[Event]) -> JobSnapshot:
@@ -103,6 +107,7 @@ class JobSnapshot(BaseModel):
         if e.data.get("phase") == "started":
             self.attempt = int(e.data["attempt"])
             self.rank_exits = []
+            self.resumed_from_step = None
 
     def _on_metrics(self, e: Event) -> None:
         rank = e.rank or 0
@@ -134,7 +139,12 @@ class JobSnapshot(BaseModel):
             self.utilization[f"{sample.node}/{sample.device}"] = sample
 
     def _on_checkpoint(self, e: Event) -> None:
-        self.checkpoints.append(dict(e.data))
+        if "skipped" in e.data:
+            self.skipped_checkpoints.append(dict(e.data))
+        elif e.data.get("restored"):
+            self.resumed_from_step = int(e.data["step"])
+        else:
+            self.checkpoints.append(dict(e.data))
 
 
 def _append_point(points: list[tuple[int, float]], step: int, value: float) -> None:
