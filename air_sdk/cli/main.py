@@ -259,6 +259,40 @@ def metrics(
 
 @app.command()
 @handle_errors
+def checkpoints(
+    job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOption = None
+) -> None:
+    """Committed checkpoints of a job, the ones restore passed over, and resumes."""
+    from rich.table import Table
+
+    from air_sdk.client import Job
+
+    found = Job(make_client(gateway), job_id).checkpoints()
+    if as_json:
+        echo_json(found.model_dump(mode="json"))
+        return
+    if not found.commits:
+        console.print("no committed checkpoints yet")
+    else:
+        table = Table("STEP", "ATTEMPT", "SIZE", "BLOCKED", "DURABLE AFTER", "PATH")
+        for c in found.commits:
+            table.add_row(
+                str(c.step),
+                str(c.attempt),
+                f"{c.size_bytes / 2**20:.1f} MiB",
+                f"{c.blocked_s:.2f} s",
+                f"{c.durable_s:.2f} s",
+                c.path,
+            )
+        console.print(table)
+    for s in found.skipped:
+        console.print(f"[yellow]skipped step {s.step}[/] (attempt {s.attempt}): {s.skipped}")
+    for r in found.restores:
+        console.print(f"attempt {r.attempt} resumed from step {r.step}")
+
+
+@app.command()
+@handle_errors
 def cancel(job_id: JobArgument, gateway: GatewayOption = None) -> None:
     """Cancel a job (all its ranks, on every node)."""
     from air_sdk.client import Job

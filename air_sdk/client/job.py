@@ -27,6 +27,7 @@ from air_sdk.errors import JobFailedError, JobTimeoutError
 from air_sdk.schema.api import (
     AttemptList,
     AttemptRecord,
+    CheckpointList,
     EventPage,
     JobRecord,
     LogLine,
@@ -305,6 +306,16 @@ class Job:
         """
         params = {"name": name, "rank": rank}
         return self.client._get(f"{self._path}/metrics", MetricsPage, params).points
+
+    def checkpoints(self) -> CheckpointList:
+        """Committed checkpoints (oldest first), ones restore passed over, and the step
+        each attempt resumed from.
+
+        Example:
+            >>> [c.step for c in job.checkpoints().commits]  # doctest: +SKIP
+            [10, 20, 30]
+        """
+        return self.client._get(f"{self._path}/checkpoints", CheckpointList, None)
 
 
 def _parse_event(data: str) -> Event | None:

@@ -28,6 +28,7 @@ from air_sdk.scheduler import fits_ever
 from air_sdk.schema import (
     AttemptList,
     BundleInfo,
+    CheckpointList,
     EventPage,
     EventType,
     GpuInfo,
@@ -44,7 +45,7 @@ from air_sdk.schema import (
     NodeInfo,
     WorkerReport,
 )
-from air_sdk.schema.events import CheckpointRestore
+from air_sdk.schema.events import CheckpointCommit, CheckpointRestore, CheckpointSkip
 from air_sdk.store import IdempotencyConflict
 
 router = APIRouter(prefix="/v1")
@@ -340,6 +341,20 @@ def job_metrics(
                 )
             )
     return MetricsPage(points=rows)
+
+
+@router.get("/jobs/{job_id}/checkpoints", response_model=CheckpointList)
+def job_checkpoints(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> CheckpointList:
+    _job_or_404(ctx, principal, job_id)
+    commits, skipped, restores = [], [], []
+    for e in ctx.store.read_events(job_id, types=(EventType.CHECKPOINT,), limit=100_000):
+        if "skipped" in e.data:
+            skipped.append(CheckpointSkip.model_validate(e.data))
+        elif e.data.get("restored"):
+            restores.append(CheckpointRestore.model_validate(e.data))
+        else:
+            commits.append(CheckpointCommit.model_validate(e.data))
+    return CheckpointList(commits=commits, skipped=skipped, restores=restores)
 
 
 @router.get("/cluster", response_model=Inventory)

@@ -16,6 +16,7 @@ Routes (all but `/v1/health` need `Authorization: Bearer <token>`):
 | GET    | /v1/jobs/{id}/events/stream                  | ?after= / Last-Event-ID | SSE of Event |
 | GET    | /v1/jobs/{id}/logs                           | ?rank=&attempt=&tail=   | LogPage      |
 | GET    | /v1/jobs/{id}/metrics                        | ?name=&rank=            | MetricsPage  |
+| GET    | /v1/jobs/{id}/checkpoints                    |                         | CheckpointList |
 | POST   | /v1/jobs/{id}/attempts/{n}/report            | WorkerReport (worker)   | 204          |
 | GET    | /v1/cluster                                  |                         | Inventory    |
 """
@@ -26,7 +27,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from air_sdk.schema.events import Event, Placement, RankExit
+from air_sdk.schema.events import (
+    CheckpointCommit,
+    CheckpointRestore,
+    CheckpointSkip,
+    Event,
+    Placement,
+    RankExit,
+)
 from air_sdk.schema.spec import JobSpec
 from air_sdk.schema.state import JobState
 
@@ -144,6 +152,15 @@ class MetricRow(_Wire):
 
 class MetricsPage(_Wire):
     points: list[MetricRow]
+
+
+class CheckpointList(_Wire):
+    """A job's checkpoints: committed ones (oldest first), the ones restore passed
+    over, and which step each attempt resumed from."""
+
+    commits: list[CheckpointCommit]
+    skipped: list[CheckpointSkip] = Field(default_factory=list)
+    restores: list[CheckpointRestore] = Field(default_factory=list)
 
 
 class GpuInfo(_Wire):

@@ -108,6 +108,9 @@ def test_kill_and_resume_ends_with_the_parameters_of_an_uninterrupted_run(
     attempts = job.attempts()
     assert len(attempts) == 2 and attempts[1].resumed_from_step is not None
     assert attempts[1].resumed_from_step >= 20  # never older than the newest committed
+    found = job.checkpoints()
+    assert {10, 20} <= {c.step for c in found.commits if c.attempt == 1}
+    assert [(r.attempt, r.step) for r in found.restores] == [(2, attempts[1].resumed_from_step)]
     a, b = final_params(tmp_path / "straight.pt"), final_params(tmp_path / "resumed.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert no_processes_left(job.id)
