@@ -66,3 +66,36 @@ def kill_tree(pid: int, sig: int) -> None:
             os.kill(p.pid, sig)
         except OSError:
             pass
+
+
+def stop_gateway_and_its_jobs(url: str, token: str, home) -> None:  # type: ignore[no-untyped-def]
+    """Test teardown: a stopped gateway leaves running jobs running (a restart
+    re-attaches), so cancel what is still active first, then stop it, then kill
+    anything of its jobs a failed test left behind."""
+    import os
+    import signal
+
+    from air_sdk.client import Client
+    from air_sdk.gateway.server import stop_detached
+
+    job_ids: list[str] = []
+    try:
+        client = Client(url, token, max_attempts=1)
+        for record in client.jobs(limit=1000):
+            job_ids.append(record.id)
+            if not record.state.terminal:
+                client.job(record.id).cancel()
+        for job_id in job_ids:
+            try:
+                wait_for(lambda j=job_id: client.job(j).record().state.terminal, 30, "cancel")
+            except AssertionError:
+                pass
+    except Exception:
+        pass  # the gateway may be the thing that failed
+    stop_detached(home)
+    for job_id in job_ids:
+        for pid in job_processes(job_id):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

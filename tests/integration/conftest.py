@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from airtest import stop_gateway_and_its_jobs
 
 from air_sdk.client import Client
-from air_sdk.gateway.server import GatewayOptions, GatewayProcess, start_detached, stop_detached
+from air_sdk.gateway.server import GatewayOptions, GatewayProcess, start_detached
 from air_sdk.runner.backends.local import free_port
 
 
@@ -21,8 +22,9 @@ def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
     opts = GatewayOptions(
         port=free_port(), home=home, num_nodes=2, slots_per_node=1, write_client_config=False
     )
-    yield start_detached(opts)
-    stop_detached(home)
+    gw = start_detached(opts)
+    yield gw
+    stop_gateway_and_its_jobs(gw.url, gw.token, home)
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,20 @@ import os
 import signal
 
 import pytest
-from airtest import agent_pid, kill_tree, no_processes_left, rank_pid, wait_for
+from airtest import (
+    agent_pid,
+    kill_tree,
+    no_processes_left,
+    rank_pid,
+    stop_gateway_and_its_jobs,
+    wait_for,
+)
 
 from air_sdk.client import Client
 from air_sdk.gateway.server import (
     GatewayOptions,
     running_gateway,
     start_detached,
-    stop_detached,
 )
 from air_sdk.runner.backends.local import free_port
 from air_sdk.schema import JobSpec, JobState, Resources
@@ -172,7 +178,8 @@ def own_gateway(tmp_path_factory):
     )
     gw = start_detached(opts)
     yield opts, gw
-    stop_detached(opts.home)
+    latest = running_gateway(opts.home) or gw  # the test may have restarted it
+    stop_gateway_and_its_jobs(latest.url, gw.token, opts.home)
 
 
 def kill_gateway(opts, gw) -> None:
