@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.air-installed
 
-.PHONY: demo test test-quick lint clean
+.PHONY: demo test test-quick browser-deps lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/air demo
 
-## The whole suite (unit + integration with real gloo workers).
-test: $(STAMP)
+## The whole suite (unit + integration with real gloo workers, notebooks under nbval,
+## JupyterLab driven by a real chromium).
+test: $(STAMP) browser-deps
 	$(PY) -m pytest -q
+
+## Debian's chromium for the browser tests (Playwright drives it; never `playwright install`).
+## A no-op when /usr/bin/chromium is there; sudo only when not root.
+browser-deps:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		echo "installing Debian's chromium for the browser tests (tests/e2e)"; \
+		$$SUDO apt-get update -q && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q --no-install-recommends chromium && \
+		test -x /usr/bin/chromium; \
+	fi
 
 ## The fast subset for development: no multi-process jobs.
 test-quick: $(STAMP)

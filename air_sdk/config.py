@@ -44,6 +44,27 @@ def config_file() -> Path:
     return Path(base) / "air" / "config.toml"
 
 
+def default_gateway_port() -> int:
+    """The port an embedded gateway listens on by default: the port of
+    $AIR_GATEWAY_URL when that points at this machine (so the gateway starts where
+    clients will look for it), else 8470.
+
+    Example:
+        >>> os.environ["AIR_GATEWAY_URL"] = "http://127.0.0.1:9123"
+        >>> default_gateway_port()
+        9123
+        >>> del os.environ["AIR_GATEWAY_URL"]
+    """
+    from urllib.parse import urlsplit
+
+    url = os.environ.get("AIR_GATEWAY_URL")
+    if url:
+        parts = urlsplit(url)
+        if parts.hostname in ("127.0.0.1", "localhost", "::1") and parts.port:
+            return parts.port
+    return DEFAULT_PORT
+
+
 def air_home() -> Path:
     """Where an embedded gateway keeps its state: `$AIR_HOME` or `~/.local/share/air`."""
     explicit = os.environ.get("AIR_HOME")

@@ -327,7 +327,7 @@ class AirMagics(Magics):
             _wait(job)
 
     def _gateway(self, args: argparse.Namespace) -> None:
-        from air_sdk.config import DEFAULT_PORT, air_home, write_client_config
+        from air_sdk.config import air_home, default_gateway_port, write_client_config
         from air_sdk.gateway.server import (
             GatewayOptions,
             running_gateway,
@@ -363,7 +363,7 @@ class AirMagics(Magics):
             )
             return
         opts = GatewayOptions(
-            port=args.port or DEFAULT_PORT,
+            port=args.port or default_gateway_port(),
             home=home,
             num_nodes=args.nodes or DEFAULT_VIRTUAL_NODES,
             slots_per_node=args.slots_per_node,

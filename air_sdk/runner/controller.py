@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 INLINE_ENTRYPOINT = "__air_main__.py"
 #: after every rank exited 0, how long launchers get to leave on their own
 SUCCESS_EXIT_WAIT_S = 5.0
+#: SIGTERM-to-SIGKILL grace when an attempt already failed (cancel gets the full grace)
+FAILURE_TEARDOWN_GRACE_S = 0.5
 #: how often the (cheap) progress checks run
 PROGRESS_CHECK_S = 0.5
 
@@ -253,7 +255,9 @@ class JobController:
             self._end_attempt("succeeded")
             self._move(JobState.SUCCEEDED, "every rank exited 0")
             return
-        if any(n.exit_code not in (None, 0) for n in nodes):
+        if any(n.exit_code not in (None, 0) for n in nodes) or self._a_rank_failed():
+            # A rank's supervisor records its death at once; waiting for its launcher to
+            # notice and stop its node's other ranks would cost a second or more.
             self._on_failure(nodes)
             return
         if self.state is JobState.STARTING and self._all_ranks_reported():
@@ -340,7 +344,9 @@ class JobController:
     def _on_failure(self, nodes: list[NodeStatus]) -> None:
         before = self._rank_exits()
         handle = self.handle
-        self._teardown()
+        # The attempt is lost already: no grace for a SIGTERM save (a collective that
+        # can no longer complete), stop the rest at once.
+        self._teardown(grace_s=FAILURE_TEARDOWN_GRACE_S)
         after = self._rank_exits()
         failure = diagnose(
             self.attempt,
@@ -386,9 +392,10 @@ class JobController:
                 return False
             time.sleep(min(0.1, left))
 
-    def _teardown(self, wait_first_s: float = 0.0) -> None:
+    def _teardown(self, wait_first_s: float = 0.0, grace_s: float | None = None) -> None:
         if self.handle is not None:
-            self.backend.terminate(self.handle, self.teardown_grace_s, wait_first_s=wait_first_s)
+            grace = self.teardown_grace_s if grace_s is None else grace_s
+            self.backend.terminate(self.handle, grace, wait_first_s=wait_first_s)
             self.handle = None
 
     def _end_attempt(self, reason: str, failure: FailureInfo | None = None) -> None:
@@ -396,6 +403,9 @@ class JobController:
             self.store.end_attempt(self.job_id, self.attempt, reason, failure)
 
     # -- reading what workers left -----------------------------------------------------------
+
+    def _a_rank_failed(self) -> bool:
+        return any(not e.ok for _, e in self._rank_exits().values())
 
     def _all_ranks_succeeded(self) -> bool:
         exits = self._rank_exits()

@@ -49,6 +49,7 @@ class _Node:
     pids: set[int] = field(default_factory=set)
     agent_pid: int = 0
     ranks_per_node: int = 1
+    tree_seen: float = -1e9
 
     def exit_code(self, attempt_dir: Path) -> int | None:
         """The agent's exit code; for an adopted agent (not our child, so no wait
@@ -176,7 +177,7 @@ class LocalBackend:
                 continue  # a supervisor or a rank: found again under its agent
             name = env.get("AIR_NODE_NAME", f"pid-{pid}")
             node = _Node(name, None, attempt_dir / f"{name}.agent.log", {pid}, pid, ranks_per_node)
-            self._remember_tree(node)
+            self._remember_tree(node, every_s=0)
             nodes[name] = node
         if not nodes:
             return None
@@ -231,7 +232,7 @@ class LocalBackend:
         self, handle: LocalAttempt, grace_s: float = 5.0, *, wait_first_s: float = 0.0
     ) -> None:
         for node in handle.nodes:
-            self._remember_tree(node)
+            self._remember_tree(node, every_s=0)
         deadline = time.monotonic() + wait_first_s
         while time.monotonic() < deadline and any(
             n.exit_code(handle.attempt_dir) is None for n in handle.nodes
@@ -272,7 +273,13 @@ class LocalBackend:
 
     # -- process tree ------------------------------------------------------------------
 
-    def _remember_tree(self, node: _Node) -> None:
+    def _remember_tree(self, node: _Node, *, every_s: float = 1.0) -> None:
+        # A /proc walk per node per tick cost ~6% of the gateway with one job: once a
+        # second is plenty to learn new pids (teardown also sweeps by environment).
+        now = time.monotonic()
+        if now - node.tree_seen < every_s:
+            return
+        node.tree_seen = now
         try:
             children = psutil.Process(node.agent_pid).children(recursive=True)
         except psutil.Error:

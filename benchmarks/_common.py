@@ -1,0 +1,149 @@
+"""Shared helpers for the benchmarks: statistics, markdown tables, result files,
+and a real AIR gateway in a temporary home.
+
+Benchmarks are measurements, not tests: nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+#: env for every local multi-process run, AIR's or a peer's (see ARCHITECTURE.md pitfalls)
+QUIET_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]; nan for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """benchmarks/results/<name>.json with the date and machine added."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    body = {"benchmark": name, "date": now_iso(), "machine": machine_info(), **payload}
+    path.write_text(json.dumps(body, indent=2, default=str) + "\n")
+    return path
+
+
+def header(title: str) -> str:
+    m = machine_info()
+    return f"## {title}\n\n{now_iso()}; {m['cores']} cores ({m['cpu']}), Python {m['python']}"
+
+
+@contextmanager
+def air_gateway(
+    num_nodes: int = 2, slots_per_node: int = 1, home: Path | None = None
+) -> Iterator[tuple[Any, Any, Path]]:
+    """A real detached gateway (subprocess, free port, temporary home).
+
+    Yields (Client, GatewayProcess, home); stops the gateway and removes the home after.
+    """
+    from air_sdk.client import Client
+    from air_sdk.gateway.server import GatewayOptions, start_detached, stop_detached
+
+    own_home = home is None
+    home = Path(tempfile.mkdtemp(prefix="air-bench-")) if home is None else home
+    opts = GatewayOptions(
+        port=free_port(),
+        home=home,
+        num_nodes=num_nodes,
+        slots_per_node=slots_per_node,
+        write_client_config=False,
+    )
+    gw = start_detached(opts)
+    client = Client(gw.url, gw.token)
+    try:
+        yield client, gw, home
+    finally:
+        client.close()
+        stop_detached(home)
+        if own_home:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def bench_dir(prefix: str, files: Sequence[Path] = ()) -> Path:
+    """A fresh directory to bundle as a job's code, holding copies of `files`."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    for f in files:
+        shutil.copy2(f, root / f.name)
+    return root
+
+
+def python() -> str:
+    return sys.executable
