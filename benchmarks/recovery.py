@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -96,7 +95,7 @@ def newest_commit(directory: Path) -> int | None:
 
 
 def run_air(client, src: Path, home: Path) -> dict:
-    from air_sdk.schema import JobSpec, JobState, Resources
+    from air_sdk.schema import JobSpec, Resources
 
     marker = f"air-{time.time_ns()}"
     job = client.submit(
