@@ -31,7 +31,7 @@ RUN_TIMEOUT_S = 240
 
 def test_the_notebooks_are_collected() -> None:
     # A rename must not silently drop a notebook from CI.
-    assert {"quickstart.ipynb", "sdk_from_script.ipynb"} <= set(NOTEBOOKS)
+    assert {"quickstart.ipynb", "resilience.ipynb", "sdk_from_script.ipynb"} <= set(NOTEBOOKS)
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
