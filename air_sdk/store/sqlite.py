@@ -33,6 +33,8 @@ from air_sdk.schema import (
 from air_sdk.schema.state import check_transition
 
 DEFAULT_TENANT = "default"
+#: how long after an attempt ended its ranks may still post (last lines, exit records)
+ENDED_GRACE_S = 10.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
@@ -432,9 +434,12 @@ class SqliteStore:
                 (step, job_id, attempt),
             )
 
-    def check_worker_token(self, job_id: str, attempt: int, token: str) -> str:
-        """'ok', 'stale' (a real token of an older attempt, or of an ended one: fenced) or
-        'invalid'."""
+    def check_worker_token(
+        self, job_id: str, attempt: int, token: str, *, ended_grace_s: float = ENDED_GRACE_S
+    ) -> str:
+        """'ok', 'stale' (fenced: a real token of an older attempt, or of one that ended
+        more than `ended_grace_s` ago) or 'invalid'. The grace lets the last lines and
+        the exit record of a rank that just ended arrive."""
         rows = self._read(
             "SELECT a.attempt, a.ended_at, j.attempt AS current FROM attempts a JOIN jobs j"
             " ON j.id = a.job_id WHERE a.job_id = ? AND a.token_hash = ?",
@@ -443,6 +448,9 @@ class SqliteStore:
         if not rows or rows[0]["attempt"] != attempt:
             return "invalid"
         if rows[0]["current"] != attempt:
+            return "stale"
+        ended = rows[0]["ended_at"]
+        if ended is not None and time.time() - ended > ended_grace_s:
             return "stale"
         return "ok"
 
@@ -561,7 +569,11 @@ class SqliteStore:
         attempt: int | None = None,
         newest_first: bool = False,
     ) -> list[Event]:
-        sql, args = "SELECT * FROM events WHERE job_id = ? AND seq > ?", [job_id, after]
+        # With a type filter, SQLite's planner still picks the primary key and scans
+        # every metrics row of the job (92% of a core at 3M points, measured); the
+        # (job_id, type, seq) index makes it a range read.
+        table = "events INDEXED BY events_type" if types else "events"
+        sql, args = f"SELECT * FROM {table} WHERE job_id = ? AND seq > ?", [job_id, after]
         if types:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             args.extend(t.value for t in types)

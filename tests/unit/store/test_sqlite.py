@@ -97,3 +97,23 @@ def test_queue_position_is_fifo(store):
     store.request_cancel(a.id)
     assert store.get_job(a.id).state is JobState.CANCELLED
     assert store.queue_position(b.id) == 1
+
+
+def test_an_ended_attempt_is_fenced_after_a_grace(store):
+    job, _ = store.create_job(spec(), tenant="default")
+    p = Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),))
+    attempt, token = store.start_attempt(job.id, p)
+    store.end_attempt(job.id, attempt, "cancelled by user")
+    # the last lines and exit records of ranks that just ended still get in ...
+    assert store.check_worker_token(job.id, attempt, token) == "ok"
+    # ... a straggler long after the end does not
+    assert store.check_worker_token(job.id, attempt, token, ended_grace_s=-1) == "stale"
+
+
+def test_typed_event_reads_use_the_type_index(store):
+    plan = store._writer.execute(
+        "EXPLAIN QUERY PLAN SELECT * FROM events INDEXED BY events_type"
+        " WHERE job_id = ? AND seq > ? AND type IN (?)",
+        ("j", 0, "rank_exit"),
+    ).fetchall()
+    assert any("events_type" in str(tuple(row)) for row in plan)
