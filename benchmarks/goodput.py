@@ -1,0 +1,286 @@
+"""Goodput under repeated failures: a 2-node x 1-rank gloo job on CPU runs for
+--duration seconds with rank 1 SIGKILLed every --kill-every seconds and a checkpoint
+every --ckpt-every seconds (every K steps, K from the step time), AIR (max_restarts
+100, no backoff) vs bare `torchrun --max-restarts=100` running the same script with
+the same air.checkpoint resume code.
+
+Goodput = productive time / wall time. Both are computed the same way from the
+script's own output: steps kept = the final step reached, productive = that step x
+the median step time, wall = end - start (submit or Popen to the end of the window).
+For AIR the gateway's own `job.record().goodput` is reported next to it.
+The issue's full figure is 600 s with a kill every 60 s (`--duration 600 --kill-every 60`).
+
+Usage: .venv/bin/python benchmarks/goodput.py --duration 180 --kill-every 45
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    QUIET_ENV,
+    air_gateway,
+    fmt,
+    free_port,
+    header,
+    markdown_table,
+    median,
+    write_result,
+)
+from recovery import rank_pid  # noqa: E402
+
+STEP_SLEEP_S = 0.1
+
+SCRIPT = f"""
+import os, sys, time
+import torch, torch.nn.functional as F
+import air_sdk.runtime as air
+
+ctx = air.init()
+air.checkpoint.configure(None if sys.argv[1] == "CKPT" else sys.argv[1], keep=2)
+every = int(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
+optim = torch.optim.SGD(model.parameters(), lr=0.01)
+state = {{"model": model, "optim": optim}}
+step = air.checkpoint.load(state) or 0
+if ctx.rank == 0:
+    print(f"RESUMED {{step}} {{time.time()}}", flush=True)
+while step < 10_000_000:
+    step += 1
+    x = torch.randn(64, 32)
+    loss = F.mse_loss(model(x), x)
+    optim.zero_grad(); loss.backward(); optim.step()
+    air.log(step=step, loss=loss.item())
+    if ctx.rank == 0:
+        print(f"STEP {{step}} {{time.time()}}", flush=True)
+    if step % every == 0:
+        air.checkpoint.save(state, step=step)
+    time.sleep({STEP_SLEEP_S})
+"""
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process this benchmark started for `marker` (found by env)."""
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("BENCH_MARKER") == marker:
+                p.kill()
+        except psutil.Error:
+            continue
+
+
+def from_lines(lines: list[str], start: float, end: float) -> dict:
+    """Final step, median step time (consecutive steps of one attempt) and goodput."""
+    steps: list[tuple[int, float]] = []
+    for x in lines:
+        if x.startswith("STEP "):
+            _, s, ts = x.split()
+            if float(ts) <= end:
+                steps.append((int(s), float(ts)))
+    deltas = [b[1] - a[1] for a, b in zip(steps, steps[1:], strict=False) if b[0] == a[0] + 1]
+    final = max((s for s, _ in steps), default=0)
+    step_s = median(deltas)
+    wall = end - start
+    return {
+        "final_step": final,
+        "steps_run": len(steps),
+        "median_step_s": step_s,
+        "wall_s": wall,
+        "goodput": final * step_s / wall if deltas else float("nan"),
+        "resumes": [int(x.split()[1]) for x in lines if x.startswith("RESUMED")],
+    }
+
+
+def killer(marker: str, start: float, duration: float, every: float, kills: list[float]) -> None:
+    """SIGKILL rank 1 at start + every, + 2*every, ... (waiting for it to exist)."""
+    n = 1
+    while start + n * every < start + duration - 1:
+        while time.time() < start + n * every:
+            time.sleep(0.05)
+        while time.time() < start + duration:
+            pid = rank_pid(marker, 1)
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    kills.append(time.time() - start)
+                    break
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        n += 1
+
+
+def run_air(client, src: Path, args, every: int) -> dict:
+    from air_sdk.schema import JobSpec, Resources
+
+    marker = f"air-{time.time_ns()}"
+    start = time.time()
+    job = client.submit(
+        JobSpec(
+            entrypoint="train.py",
+            args=["CKPT", str(every)],
+            env={"BENCH_MARKER": marker},
+            resources=Resources(nodes=2),
+            max_restarts=100,
+            failure={"backoff_base_s": 0.0, "backoff_max_s": 0.0},
+        ),
+        workdir=src,
+    )
+    kills: list[float] = []
+    killer(marker, start, args.duration, args.kill_every, kills)
+    while time.time() < start + args.duration:
+        time.sleep(0.1)
+    end = time.time()
+    rec_live = job.record()  # goodput while still running, at the end of the window
+    job.cancel()
+    rec = job.wait(timeout=60)
+    kill_marked(marker)
+    attempts = job.attempts()
+    lines = [ln.text for a in attempts for ln in job.logs(rank=0, attempt=a.attempt)]
+    out = from_lines(lines, start, end)
+    out.update(
+        {
+            "air_goodput_at_end": rec_live.goodput,
+            "air_goodput_after_cancel": job.record().goodput,
+            "attempts": len(attempts),
+            "state": rec.state.value,
+            "kills_at_s": kills,
+            "attempt_lost_s": [a.time_lost_s for a in attempts],
+        }
+    )
+    return out
+
+
+def run_torchrun(src: Path, args, every: int) -> dict:
+    marker = f"torchrun-{time.time_ns()}"
+    ckpt = Path(tempfile.mkdtemp(prefix="air-bench-goodput-torchrun-"))
+    port = free_port()
+    env = {**os.environ, **QUIET_ENV, "BENCH_MARKER": marker}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={marker}",
+        "--local-addr=127.0.0.1",
+        "--max-restarts=100",
+        "--monitor-interval=0.1",
+        "train.py",
+        str(ckpt),
+        str(every),
+    ]
+    start = time.time()
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=src, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        for _ in range(2)
+    ]
+    lines: list[str] = []
+
+    def pump(p: subprocess.Popen) -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line.strip())
+
+    for p in procs:
+        threading.Thread(target=pump, args=(p,), daemon=True).start()
+    kills: list[float] = []
+    killer(marker, start, args.duration, args.kill_every, kills)
+    while time.time() < start + args.duration:
+        time.sleep(0.1)
+    end = time.time()
+    exited = [p.poll() for p in procs]
+    kill_marked(marker)
+    for p in procs:
+        p.wait(timeout=30)
+    out = from_lines(list(lines), start, end)
+    out.update({"kills_at_s": kills, "agents_exited_early": exited})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=180.0)
+    ap.add_argument("--kill-every", type=float, default=45.0)
+    ap.add_argument("--ckpt-every", type=float, default=10.0)
+    ap.add_argument(
+        "--step-s", type=float, default=0.12, help="expected step time, to turn seconds into K"
+    )
+    args = ap.parse_args()
+    every = max(1, round(args.ckpt_every / args.step_s))
+    src = Path(tempfile.mkdtemp(prefix="air-bench-goodput-"))
+    (src / "train.py").write_text(SCRIPT)
+    with air_gateway() as (client, _gw, _home):
+        air = run_air(client, src, args, every)
+    torchrun = run_torchrun(src, args, every)
+    print(
+        header(
+            f"Goodput: {args.duration:g} s, rank 1 SIGKILLed every {args.kill_every:g} s, "
+            f"checkpoint every {every} steps (~{args.ckpt_every:g} s)"
+        )
+    )
+    print()
+    rows = []
+    for name, r in (("AIR", air), ("torchrun --max-restarts=100", torchrun)):
+        rows.append(
+            [
+                name,
+                fmt(r["goodput"], 3),
+                fmt(r.get("air_goodput_at_end"), 3) if name == "AIR" else "n/a",
+                r["final_step"],
+                r["steps_run"],
+                fmt(r["median_step_s"], 3),
+                fmt(r["wall_s"], 1),
+                len(r["kills_at_s"]),
+                ", ".join(str(s) for s in r["resumes"]),
+            ]
+        )
+    print(
+        markdown_table(
+            [
+                "runner",
+                "goodput (final step x median step / wall)",
+                "AIR's own goodput",
+                "final step",
+                "steps run",
+                "median step s",
+                "wall s",
+                "kills",
+                "resumed from",
+            ],
+            rows,
+        )
+    )
+    ratio = air["goodput"] / torchrun["goodput"]
+    print(f"\nAIR / torchrun goodput: {ratio:.3f}x (goal: AIR >= 0.85 and above torchrun)")
+    print(f"AIR attempts' time lost s: {air['attempt_lost_s']}")
+    write_result(
+        "goodput",
+        {
+            "args": vars(args),
+            "every_steps": every,
+            "air": air,
+            "torchrun": torchrun,
+            "ratio": ratio,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
