@@ -299,6 +299,8 @@ class JobController:
             self.job_id, self.attempt
         ).items():
             self._progress.setdefault(rank, RankProgress()).observe(step, progress_ts)
+        for rank in self._rank_exits():  # a rank that ended is not hung (its peers may be)
+            self._progress.pop(rank, None)
         stalled = self.hang_policy.stalled(self._progress, time.time())
         if stalled:
             self._on_hang(stalled)

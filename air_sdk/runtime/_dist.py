@@ -16,7 +16,7 @@ from typing import Any
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime._context import Context, context
-from air_sdk.runtime._shipper import get_shipper
+from air_sdk.runtime._shipper import get_shipper, keep_alive
 
 __all__ = ["init", "shutdown"]
 
@@ -112,15 +112,16 @@ def shutdown(flush_timeout_s: float = 10.0) -> None:
         if _shut_down:
             return
         _shut_down = True
-    checkpoint = sys.modules.get("air_sdk.runtime.checkpoint")
-    if checkpoint is not None:  # commit an in-flight save while its process group still exists
-        checkpoint._finalize_pending()
-    get_shipper().flush(flush_timeout_s)
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return
-    gc.collect()  # frees a DDP reducer the caller dropped, while the interpreter is whole
-    dist.destroy_process_group()
+    with keep_alive():  # finishing is work too: never a hang
+        checkpoint = sys.modules.get("air_sdk.runtime.checkpoint")
+        if checkpoint is not None:  # commit an in-flight save while its group still exists
+            checkpoint._finalize_pending()
+        get_shipper().flush(flush_timeout_s)
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        gc.collect()  # frees a DDP reducer the caller dropped, while the interpreter is whole
+        dist.destroy_process_group()
 
 
 def _shutdown_at_exit() -> None:

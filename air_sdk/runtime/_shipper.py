@@ -9,13 +9,14 @@ deque under an uncontended lock; a daemon thread drains the deque every
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import operator
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from air_sdk.schema.events import (
     RankExit,
 )
 
-__all__ = ["MetricsShipper", "get_shipper", "shipper_from_env"]
+__all__ = ["MetricsShipper", "get_shipper", "keep_alive", "shipper_from_env"]
 
 _MAX_REPORT_LINE_CHARS = 1_000_000  # keeps one report's body around a megabyte
 _LINE_OVERHEAD = 64  # about what a str object costs besides its characters
@@ -417,3 +418,29 @@ def _reset_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+@contextlib.contextmanager
+def keep_alive(interval_s: float = 0.5) -> Iterator[None]:
+    """Heartbeats while the training thread waits on AIR (a checkpoint save or load,
+    shutdown): that is work, and the runner's hang detection must never take it for
+    a hang.
+
+    Example:
+        >>> with keep_alive():
+        ...     pass
+    """
+    shipper = get_shipper()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(interval_s):
+            shipper.heartbeat()
+
+    ticker = threading.Thread(target=beat, name="air-ckpt-heartbeat", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()

@@ -41,7 +41,6 @@ save, makes a checkpoint restorable seconds after it was taken, not one interval
 from __future__ import annotations
 
 import atexit
-import contextlib
 import operator
 import os
 import sys
@@ -50,7 +49,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -69,6 +68,7 @@ from air_sdk.runtime._manifest import (
     verify_files,
 )
 from air_sdk.runtime._poster import warn
+from air_sdk.runtime._shipper import keep_alive
 from air_sdk.runtime._storage import CheckpointStorage, storage_for
 
 if TYPE_CHECKING:
@@ -90,28 +90,6 @@ __all__ = [
 DEFAULT_KEEP = 3
 _GROUP_TIMEOUT_S = 1800.0  # writing a large checkpoint to slow storage can take minutes
 _NO_DIST_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
-
-
-@contextlib.contextmanager
-def _alive_while_blocked(interval_s: float = 0.5) -> Iterator[None]:
-    """Heartbeats while the training loop waits in a save: a slow save is work, and the
-    runner's hang detection must never take it for a hang."""
-    from air_sdk.runtime._shipper import get_shipper
-
-    shipper = get_shipper()
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(interval_s):
-            shipper.heartbeat()
-
-    ticker = threading.Thread(target=beat, name="air-ckpt-heartbeat", daemon=True)
-    ticker.start()
-    try:
-        yield
-    finally:
-        done.set()
-        ticker.join()
 
 
 @dataclass
@@ -294,7 +272,7 @@ class Checkpointer:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         storage = self._require_storage()
-        with _alive_while_blocked(), self._lock:
+        with keep_alive(), self._lock:
             self._finish_pending(raise_error=True)
             self._translated(lambda: self._save(storage, state, step, started), f"save step {step}")
             _register_at_exit()
@@ -309,7 +287,7 @@ class Checkpointer:
         """
         if self.storage is None:
             return None
-        with _alive_while_blocked(), self._lock:
+        with keep_alive(), self._lock:
             self._finish_pending(raise_error=False)
             return self._translated(lambda: self._load(state, step), "load")
 
@@ -325,7 +303,7 @@ class Checkpointer:
     def wait(self) -> int | None:
         """Block until the save in flight is committed and return its step (None when no
         save was in flight); raises CheckpointError if it failed."""
-        with _alive_while_blocked(), self._lock:
+        with keep_alive(), self._lock:
             return self._finish_pending(raise_error=True)
 
     def close(self) -> None:
