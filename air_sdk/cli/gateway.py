@@ -36,7 +36,13 @@ HomeOption = Annotated[
 @handle_errors
 def start(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = DEFAULT_PORT,
-    host: Annotated[str, typer.Option(help="Address to bind (loopback only).")] = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to bind. Anything but loopback needs --tls-cert/--tls-key"
+            " or --insecure-bind."
+        ),
+    ] = "127.0.0.1",
     nodes: Annotated[
         int, typer.Option(min=1, help="Virtual nodes to split this machine into.")
     ] = 2,
@@ -48,6 +54,36 @@ def start(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background and return.")
     ] = False,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="PEM certificate: serve HTTPS."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="PEM private key of it.")
+    ] = None,
+    insecure_bind: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-bind",
+            help="Serve plain HTTP on a non-loopback --host (only behind a TLS proxy).",
+        ),
+    ] = False,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            metavar="NAME",
+            help="Host header name to serve besides loopback and --host (repeat).",
+        ),
+    ] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origin",
+            metavar="ORIGIN",
+            help="Browser origin allowed to call the API (repeat); none by default.",
+        ),
+    ] = None,
 ) -> None:
     """Start a gateway; it writes the client config, so `air submit` works right away."""
     from air_sdk.gateway.server import GatewayOptions, serve, start_detached
@@ -58,6 +94,11 @@ def start(
         home=home or air_home(),
         num_nodes=nodes,
         slots_per_node=slots_per_node,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        insecure_bind=insecure_bind,
+        allowed_hosts=tuple(allow_host or ()),
+        cors_origins=tuple(cors_origin or ()),
     )
     if not detach:
         try:

@@ -4,6 +4,7 @@
     air submit train.py --nodes 2 --follow -- --epochs 3
     air jobs / air status JOB / air logs -f JOB / air metrics JOB / air cancel JOB
     air demo                             # a 2-node DDP job end to end
+    air admin token create --role viewer # tenants and tokens (admin token)
 
 Every command talks to the gateway through `make_client` (tests replace it), and
 prints an `AirError` as one `error: ...` line: exit code 2 when the command or
@@ -27,6 +28,7 @@ from air_sdk.cli._common import (
     handle_errors,
     parse_env,
 )
+from air_sdk.cli.admin import admin_app
 from air_sdk.cli.gateway import gateway_app
 from air_sdk.schema.state import JobState
 
@@ -43,6 +45,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(gateway_app, name="gateway")
+app.add_typer(admin_app, name="admin")
 
 #: `air metrics` shows this many most recent rows unless --all
 DEFAULT_METRIC_ROWS = 20

@@ -21,6 +21,7 @@ import requests
 from pydantic import BaseModel, ValidationError
 
 from air_sdk.client._http import HttpTransport, parse_model
+from air_sdk.client.admin import Admin
 from air_sdk.client.job import Job
 from air_sdk.config import load_client_settings
 from air_sdk.errors import SpecError
@@ -298,6 +299,16 @@ class Client:
         )
         response.close()
         return True
+
+    @property
+    def admin(self) -> Admin:
+        """The admin API: tenants, tokens, node health (needs an admin token).
+
+        Example:
+            >>> Client().admin.create_token(role="viewer").token  # doctest: +SKIP
+            'air_...'
+        """
+        return Admin(self._http)
 
     # -- plumbing for Job ----------------------------------------------------
 

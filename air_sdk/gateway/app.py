@@ -10,15 +10,40 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import air_sdk
+from air_sdk.gateway.options import SecurityOptions
+from air_sdk.gateway.security import install
 from air_sdk.runner import Runner
-from air_sdk.store import SqliteStore
+from air_sdk.schema import ErrorBody
+from air_sdk.store import DEFAULT_TENANT, SqliteStore
+
+#: methods a viewer token may use: reading never changes anything
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+_ERROR_SCHEMA = ErrorBody.model_json_schema()
+#: every error answer is an ErrorBody; declared on every router so the OpenAPI schema
+#: (and clients generated from it) know the shape of a 401, a 404 or a 429
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    # The schema inline, not as a "model": FastAPI would file it under a streaming
+    # route's media type (text/event-stream), but errors are always JSON.
+    code: {"description": text, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+    for code, text in [
+        (400, "Bad request: the detail says what to change"),
+        (401, "No token, or not a valid one"),
+        (403, "The token's role may not do this"),
+        (404, "No such resource in your tenant"),
+        (409, "Conflict: exists already, or a fenced-off attempt"),
+        (413, "The body is over this route's cap"),
+        (422, "The body or a parameter is invalid"),
+        (429, "Over the rate limit: see Retry-After"),
+    ]
+}
 
 
 @dataclass
@@ -36,10 +61,20 @@ class GatewayContext:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: a tenant and a role (admin | member | viewer)."""
+    """Who is calling: a tenant and a role (admin | member | viewer).
+
+    Example:
+        >>> Principal("default", "admin").is_system_admin
+        True
+    """
 
     tenant: str
     role: str
+
+    @property
+    def is_system_admin(self) -> bool:
+        """An admin of the system tenant: manages every tenant, its tokens and the nodes."""
+        return self.role == "admin" and self.tenant == DEFAULT_TENANT
 
 
 def get_ctx(request: Request) -> GatewayContext:
@@ -68,20 +103,49 @@ def get_principal(request: Request, ctx: Annotated[GatewayContext, Depends(get_c
     found = ctx.store.lookup_token(token)
     if found is None:
         raise _unauthorized("the token is not valid (revoked, or for another gateway)")
-    return Principal(*found)
+    principal = Principal(*found)
+    # One rule for every route, present and future: a viewer only reads.
+    if principal.role == "viewer" and request.method not in READ_METHODS:
+        raise HTTPException(
+            403, "a viewer token is read-only: ask an admin of your tenant for a member token"
+        )
+    return principal
+
+
+def require_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    if principal.role != "admin":
+        raise HTTPException(403, f"this needs an admin token; yours is a {principal.role} token")
+    return principal
+
+
+def require_system_admin(principal: Annotated[Principal, Depends(require_admin)]) -> Principal:
+    if not principal.is_system_admin:
+        raise HTTPException(
+            403,
+            f"this needs an admin token of the system tenant {DEFAULT_TENANT!r};"
+            f" yours manages tenant {principal.tenant!r} only",
+        )
+    return principal
 
 
 CtxDep = Annotated[GatewayContext, Depends(get_ctx)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+AdminDep = Annotated[Principal, Depends(require_admin)]
+SystemAdminDep = Annotated[Principal, Depends(require_system_admin)]
 
 
-def create_app(ctx: GatewayContext, *, start_runner: bool = True) -> FastAPI:
+def create_app(
+    ctx: GatewayContext, *, start_runner: bool = True, security: SecurityOptions | None = None
+) -> FastAPI:
     """The gateway app over `ctx`; the runner starts and stops with the app.
+
+    `security` sets the Host allow-list, CORS origins, body caps and rate limits
+    (default: loopback names only, no CORS, the caps of `RequestLimits`).
 
     Example:
         >>> app = create_app(GatewayContext(store, runner, home))  # doctest: +SKIP
     """
-    from air_sdk.gateway import routes
+    from air_sdk.gateway import admin, routes
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,6 +178,8 @@ def create_app(ctx: GatewayContext, *, start_runner: bool = True) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(routes.worker_router)
+    app.include_router(admin.router)
+    install(app, security or SecurityOptions())
 
     @app.get("/v1/openapi.json", include_in_schema=False)
     def openapi(_: PrincipalDep) -> JSONResponse:

@@ -14,14 +14,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 import air_sdk
 from air_sdk.bundle import DEFAULT_MAX_BYTES, unpack_bundle
-from air_sdk.errors import BundleError
-from air_sdk.gateway.app import CtxDep, Principal, PrincipalDep, bearer_token, get_ctx
+from air_sdk.errors import BundleError, BundleTooLargeError
+from air_sdk.gateway.app import (
+    ERROR_RESPONSES,
+    CtxDep,
+    Principal,
+    PrincipalDep,
+    bearer_token,
+    get_ctx,
+)
+from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
 from air_sdk.runner.service import job_request
 from air_sdk.scheduler import fits_ever
@@ -48,8 +56,8 @@ from air_sdk.schema import (
 from air_sdk.schema.events import CheckpointCommit, CheckpointRestore, CheckpointSkip
 from air_sdk.store import IdempotencyConflict
 
-router = APIRouter(prefix="/v1")
-worker_router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+worker_router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
@@ -64,6 +72,11 @@ def _job_or_404(ctx: CtxDep, principal: Principal, job_id: str) -> JobRecord:
     return job
 
 
+def _owned_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
+    """The job, as a dependency: resolved (or 404) before a streaming answer starts."""
+    return _job_or_404(ctx, principal, job_id)
+
+
 def _accounting(ctx: CtxDep, job: JobRecord) -> Accounting:
     times = [AttemptTimes(a, first, last) for a, first, last in ctx.store.attempt_times(job.id)]
     return account(
@@ -75,7 +88,16 @@ def _accounting(ctx: CtxDep, job: JobRecord) -> Accounting:
     )
 
 
+def _public(job: JobRecord) -> JobRecord:
+    """The job as an answer shows it: secret env values redacted (the runner, reading the
+    store, still gets them)."""
+    return job.model_copy(
+        update={"spec": job.spec.model_copy(update={"env": redact_env(job.spec.env)})}
+    )
+
+
 def _with_queue_position(ctx: CtxDep, job: JobRecord) -> JobRecord:
+    job = _public(job)
     if job.state is not JobState.QUEUED:
         return job
     return job.model_copy(update={"queue_position": ctx.store.queue_position(job.id)})
@@ -143,7 +165,9 @@ def _check_bundle(path: str) -> int:
     try:
         return unpack_bundle(Path(path), Path(scratch) / "x")
     except BundleError as exc:
-        raise HTTPException(400, f"bundle refused: {exc}") from exc
+        # Over the size or file-count limit: 413; unsafe or broken: 400.
+        status = 413 if isinstance(exc, BundleTooLargeError) else 400
+        raise HTTPException(status, f"bundle refused: {exc}") from exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -212,10 +236,10 @@ def get_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
 def cancel_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
     job = _job_or_404(ctx, principal, job_id)
     if job.state.terminal:
-        return job  # cancelling an ended job is a no-op, not an error
+        return _public(job)  # cancelling an ended job is a no-op, not an error
     job = ctx.store.request_cancel(job_id)
     ctx.runner.wake()
-    return job
+    return _public(job)
 
 
 @router.get("/jobs/{job_id}/attempts", response_model=AttemptList)
@@ -257,14 +281,13 @@ async def events_page(
 async def events_stream(
     job_id: str,
     request: Request,
-    principal: PrincipalDep,
+    _: Annotated[JobRecord, Depends(_owned_job)],
     after: Annotated[int, Query(ge=0)] = 0,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """Every event after `after` (or the Last-Event-ID a reconnecting client sends),
     then new ones as they happen; the stream ends once the job has ended."""
     ctx = get_ctx(request)
-    await run_in_threadpool(_job_or_404, ctx, principal, job_id)
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
     while True:
@@ -399,6 +422,7 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
         report = WorkerReport.model_validate_json(body)
     except ValueError as exc:
         raise HTTPException(422, f"not a WorkerReport: {exc}") from exc
+    report = _scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
     items: list[tuple[EventType, str]] = []
     if report.points or report.dropped_points:
         items.append(
@@ -430,3 +454,19 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
         )
     )
     return Response(status_code=204)
+
+
+def _scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:
+    """The report with the job's secret env values and any token replaced in its text
+    (output lines, exit tails, checkpoint records), before anything is stored."""
+    update: dict[str, object] = {}
+    if report.lines:
+        update["lines"] = redactor.lines(report.lines)
+    if report.exit is not None and report.exit.tail:
+        update["exit"] = report.exit.model_copy(update={"tail": redactor.lines(report.exit.tail)})
+    if report.checkpoints:
+        update["checkpoints"] = [
+            type(c).model_validate(redactor.value(c.model_dump(mode="json")))
+            for c in report.checkpoints
+        ]
+    return report.model_copy(update=update) if update else report

@@ -13,12 +13,14 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ import requests
 
 from air_sdk.config import DEFAULT_PORT, air_home, write_client_config
 from air_sdk.errors import AirError
+from air_sdk.gateway.options import RequestLimits, SecurityOptions, check_bind, is_loopback
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -42,7 +45,11 @@ LOG_FILE = "gateway.log"
 
 @dataclass(frozen=True)
 class GatewayOptions:
-    """How to run a gateway."""
+    """How to run a gateway.
+
+    A loopback `host` is always allowed; any other needs `tls_cert` + `tls_key` or an
+    explicit `insecure_bind` (see `air_sdk.gateway.security.check_bind`).
+    """
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
@@ -53,10 +60,38 @@ class GatewayOptions:
     slots_per_node: int | None = None
     #: write ~/.config/air/config.toml with this gateway's URL and token
     write_client_config: bool = True
+    #: PEM certificate and key: serve HTTPS (uvicorn ssl_certfile / ssl_keyfile)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: serve plain HTTP on a non-loopback address (only behind a TLS proxy you trust)
+    insecure_bind: bool = False
+    #: Host header names served besides 127.0.0.1, localhost, [::1] and `host`
+    allowed_hosts: tuple[str, ...] = ()
+    #: browser origins allowed to call the API (CORS); none by default
+    cors_origins: tuple[str, ...] = ()
+    #: body caps and rate limits (users, workers, anonymous callers)
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls_cert else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def worker_url(self) -> str:
+        """Where this machine's workers report: loopback when bound to every address."""
+        if self.host in ("0.0.0.0", "::"):
+            return dataclasses.replace(self, host="127.0.0.1").url
+        return self.url
+
+    @property
+    def security(self) -> SecurityOptions:
+        return SecurityOptions(
+            allowed_hosts=(*self.allowed_hosts, self.host),
+            cors_origins=self.cors_origins,
+            limits=self.limits,
+        )
 
 
 @dataclass(frozen=True)
@@ -88,16 +123,18 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     from air_sdk.runner import LocalBackend, Runner
     from air_sdk.store import SqliteStore
 
-    if opts.host not in ("127.0.0.1", "localhost", "::1"):
-        raise AirError(
-            f"refusing to listen on {opts.host}: the embedded gateway binds to 127.0.0.1 only"
-        )
-    opts.home.mkdir(parents=True, exist_ok=True)
+    check_bind(
+        opts.host, tls_cert=opts.tls_cert, tls_key=opts.tls_key, insecure_bind=opts.insecure_bind
+    )
+    # Only this user reads the database, bundles and job files (made so when created).
+    opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     store = SqliteStore(opts.home / "air.db")
     token = _ensure_token(store, opts.home)
     backend = LocalBackend(opts.num_nodes, opts.slots_per_node)
-    runner = Runner(store, backend, opts.home, opts.url)
-    app = create_app(GatewayContext(store=store, runner=runner, home=opts.home))
+    runner = Runner(store, backend, opts.home, opts.worker_url)
+    app = create_app(
+        GatewayContext(store=store, runner=runner, home=opts.home), security=opts.security
+    )
     return app, token
 
 
@@ -112,8 +149,24 @@ def serve(opts: GatewayOptions) -> None:
     state_path = opts.home / STATE_FILE
     state_path.write_text(json.dumps(state))
     print(f"AIR gateway on {opts.url} (home {opts.home}); Ctrl-C stops it", flush=True)
+    if not is_loopback(opts.host) and opts.tls_cert is None:
+        print(
+            f"WARNING: plain HTTP on {opts.host} (--insecure-bind): tokens cross the network"
+            " in clear text unless a TLS proxy fronts this gateway",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
-        uvicorn.run(app, host=opts.host, port=opts.port, log_level="warning", access_log=False)
+        uvicorn.run(
+            app,
+            host=opts.host,
+            port=opts.port,
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            ssl_certfile=str(opts.tls_cert) if opts.tls_cert else None,
+            ssl_keyfile=str(opts.tls_key) if opts.tls_key else None,
+        )
     finally:
         try:
             if json.loads(state_path.read_text()).get("pid") == os.getpid():
@@ -156,7 +209,7 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
             f"a gateway (pid {existing.pid}) already runs at {existing.url} for {opts.home}:"
             " stop it with `air gateway stop` or use another --home"
         )
-    opts.home.mkdir(parents=True, exist_ok=True)
+    opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = opts.home / LOG_FILE
     cmd = [
         sys.executable,
@@ -175,6 +228,20 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
         cmd += ["--slots-per-node", str(opts.slots_per_node)]
     if not opts.write_client_config:
         cmd.append("--no-client-config")
+    if opts.tls_cert and opts.tls_key:
+        cmd += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
+    if opts.insecure_bind:
+        cmd.append("--insecure-bind")
+    for host in opts.allowed_hosts:
+        cmd += ["--allow-host", host]
+    for origin in opts.cors_origins:
+        cmd += ["--cors-origin", origin]
+    if opts.limits != RequestLimits():
+        cmd += ["--limits-json", opts.limits.to_json()]
+    # Refuse here, with the message, rather than in a child that exits at once.
+    check_bind(
+        opts.host, tls_cert=opts.tls_cert, tls_key=opts.tls_key, insecure_bind=opts.insecure_bind
+    )
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd,
@@ -190,7 +257,7 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
                 f"the gateway exited with code {proc.returncode}:\n" + "\n".join(_tail(log_path))
             )
         try:
-            if requests.get(f"{opts.url}/v1/health", timeout=1).ok:
+            if _healthy(opts):
                 token = (opts.home / TOKEN_FILE).read_text().strip()
                 return GatewayProcess(pid=proc.pid, url=opts.url, token=token, log_path=log_path)
         except requests.RequestException:
@@ -198,6 +265,13 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
         time.sleep(0.1)
     proc.kill()
     raise AirError(f"the gateway did not answer within {timeout_s:g} s; see {log_path}")
+
+
+def _healthy(opts: GatewayOptions) -> bool:
+    # Liveness only (no token is sent), so a self-signed certificate is fine here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return requests.get(f"{opts.worker_url}/v1/health", timeout=1, verify=False).ok
 
 
 def stop_detached(home: Path, timeout_s: float = 30) -> bool:
@@ -233,6 +307,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--slots-per-node", type=int, default=None)
     p.add_argument("--no-client-config", action="store_true")
+    p.add_argument("--tls-cert", type=Path, default=None)
+    p.add_argument("--tls-key", type=Path, default=None)
+    p.add_argument("--insecure-bind", action="store_true")
+    p.add_argument("--allow-host", action="append", default=[])
+    p.add_argument("--cors-origin", action="append", default=[])
+    p.add_argument("--limits-json", default=None)
     a = p.parse_args(argv)
     serve(
         GatewayOptions(
@@ -242,6 +322,12 @@ def main(argv: list[str] | None = None) -> None:
             num_nodes=a.nodes,
             slots_per_node=a.slots_per_node,
             write_client_config=not a.no_client_config,
+            tls_cert=a.tls_cert,
+            tls_key=a.tls_key,
+            insecure_bind=a.insecure_bind,
+            allowed_hosts=tuple(a.allow_host),
+            cors_origins=tuple(a.cors_origin),
+            limits=RequestLimits.from_json(a.limits_json) if a.limits_json else RequestLimits(),
         )
     )
 

@@ -1,5 +1,17 @@
 """The wire contract: pydantic models every boundary speaks. Imports nothing else of air_sdk."""
 
+from air_sdk.schema.admin import (
+    ROLES,
+    NodeHealth,
+    NodeHealthList,
+    TenantCreate,
+    TenantInfo,
+    TenantList,
+    TokenCreate,
+    TokenCreated,
+    TokenInfo,
+    TokenList,
+)
 from air_sdk.schema.api import (
     AttemptList,
     AttemptRecord,
@@ -43,6 +55,7 @@ from air_sdk.schema.state import TERMINAL_STATES, JobState
 
 __all__ = [
     "API_VERSION",
+    "ROLES",
     "TERMINAL_STATES",
     "AttemptChange",
     "AttemptList",
@@ -71,10 +84,19 @@ __all__ = [
     "MetricRow",
     "MetricsPage",
     "NodeAssignment",
+    "NodeHealth",
+    "NodeHealthList",
     "NodeInfo",
     "Placement",
     "RankExit",
     "Resources",
     "StateChange",
+    "TenantCreate",
+    "TenantInfo",
+    "TenantList",
+    "TokenCreate",
+    "TokenCreated",
+    "TokenInfo",
+    "TokenList",
     "WorkerReport",
 ]

@@ -19,6 +19,10 @@ Routes (all but `/v1/health` need `Authorization: Bearer <token>`):
 | GET    | /v1/jobs/{id}/checkpoints                    |                         | CheckpointList |
 | POST   | /v1/jobs/{id}/attempts/{n}/report            | WorkerReport (worker)   | 204          |
 | GET    | /v1/cluster                                  |                         | Inventory    |
+| *      | /v1/admin/... (tenants, tokens, nodes)       | see `schema/admin.py`   |              |
+
+A viewer token may only GET and HEAD; another tenant's job is a 404 like a
+missing one; every error body is an `ErrorBody`. See docs/security.md.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ never leaves a job whose state and event log disagree.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import secrets
 import sqlite3
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from air_sdk.redact import REDACTED, Redactor, is_secret_env, secret_values
 from air_sdk.schema import (
     AttemptRecord,
     Event,
@@ -29,9 +31,14 @@ from air_sdk.schema import (
     JobSpec,
     JobState,
     Placement,
+    TenantInfo,
+    TokenInfo,
 )
+from air_sdk.schema.admin import ROLES
 from air_sdk.schema.state import check_transition
+from air_sdk.store.secret_env import SecretEnvStore
 
+#: the system tenant, created with the database; its admins manage every tenant
 DEFAULT_TENANT = "default"
 #: how long after an attempt ended its ranks may still post (last lines, exit records)
 ENDED_GRACE_S = 10.0
@@ -118,6 +125,8 @@ class SqliteStore:
         self._local = threading.local()
         self._memory = self.path == ":memory:"
         self._writer = self._connect()
+        # Secret env values never enter the database (see air_sdk.store.secret_env).
+        self._secrets = SecretEnvStore(None if self._memory else Path(self.path).parent / "secrets")
         with self._write_lock:
             self._writer.executescript(_SCHEMA)
             columns = {r[1] for r in self._writer.execute("PRAGMA table_info(heartbeats)")}
@@ -178,22 +187,86 @@ class SqliteStore:
         self, tenant: str = DEFAULT_TENANT, role: str = "admin", name: str = ""
     ) -> str:
         """Create an API token; the plaintext is returned once and stored only hashed."""
+        return self.issue_token(tenant, role, name)[1]
+
+    def issue_token(self, tenant: str, role: str, name: str = "") -> tuple[TokenInfo, str]:
+        """A new token of `role` in `tenant`: (its record, the plaintext, shown once).
+        Raises KeyError for an unknown tenant, ValueError for an unknown role."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
         token = new_token()
+        info = TokenInfo(
+            id=uuid.uuid4().hex, tenant=tenant, role=role, name=name, created_at=time.time()
+        )
         with self._tx() as c:
+            if c.execute("SELECT 1 FROM tenants WHERE id = ?", (tenant,)).fetchone() is None:
+                raise KeyError(tenant)
             c.execute(
                 "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, ?, NULL)",
-                (uuid.uuid4().hex, tenant, role, name, hash_token(token), time.time()),
+                (info.id, tenant, role, name, hash_token(token), info.created_at),
             )
-        return token
+        return info, token
 
     def lookup_token(self, token: str) -> tuple[str, str] | None:
-        """(tenant, role) for a live token, else None. The lookup is by digest, so the
-        comparison never touches the plaintext byte by byte."""
+        """(tenant, role) for a live token, else None.
+
+        The row is found by the sha256 of the token. Timing of that lookup can only
+        tell an attacker about digests of guesses they made, not about a stored token
+        (finding a token from a digest prefix is a preimage search over 256 bits); the
+        final comparison is constant-time anyway."""
+        digest = hash_token(token)
         rows = self._read(
-            "SELECT tenant, role FROM tokens WHERE token_hash = ? AND revoked_at IS NULL",
-            (hash_token(token),),
+            "SELECT tenant, role, token_hash FROM tokens WHERE token_hash = ?"
+            " AND revoked_at IS NULL",
+            (digest,),
         )
-        return (rows[0]["tenant"], rows[0]["role"]) if rows else None
+        if not rows or not hmac.compare_digest(rows[0]["token_hash"], digest):
+            return None
+        return rows[0]["tenant"], rows[0]["role"]
+
+    def list_tokens(
+        self, tenant: str | None = None, *, include_revoked: bool = False
+    ) -> list[TokenInfo]:
+        """Tokens (never their plaintext), oldest first; of one tenant or of all."""
+        sql, args = "SELECT * FROM tokens WHERE 1=1", list[Any]()
+        if tenant is not None:
+            sql += " AND tenant = ?"
+            args.append(tenant)
+        if not include_revoked:
+            sql += " AND revoked_at IS NULL"
+        rows = self._read(sql + " ORDER BY created_at, id", tuple(args))
+        return [_token_from_row(r) for r in rows]
+
+    def revoke_token(self, token_id: str, tenant: str | None = None) -> TokenInfo | None:
+        """Revoke a token at once (its next request is a 401); with `tenant`, only one of
+        that tenant. None when there is no such token. Revoking twice is a no-op."""
+        with self._tx() as c:
+            row = c.execute("SELECT * FROM tokens WHERE id = ?", (token_id,)).fetchone()
+            if row is None or (tenant is not None and row["tenant"] != tenant):
+                return None
+            if row["revoked_at"] is None:
+                c.execute("UPDATE tokens SET revoked_at = ? WHERE id = ?", (time.time(), token_id))
+                row = c.execute("SELECT * FROM tokens WHERE id = ?", (token_id,)).fetchone()
+        return _token_from_row(row)
+
+    # ---- tenants ------------------------------------------------------------------------
+
+    def create_tenant(self, tenant: str) -> TenantInfo | None:
+        """A new tenant; None if it exists already."""
+        now = time.time()
+        with self._tx() as c:
+            cur = c.execute("INSERT OR IGNORE INTO tenants VALUES (?, ?, ?)", (tenant, tenant, now))
+            if cur.rowcount == 0:
+                return None
+        return TenantInfo(id=tenant, created_at=now)
+
+    def get_tenant(self, tenant: str) -> TenantInfo | None:
+        rows = self._read("SELECT id, created_at FROM tenants WHERE id = ?", (tenant,))
+        return TenantInfo(id=rows[0]["id"], created_at=rows[0]["created_at"]) if rows else None
+
+    def list_tenants(self) -> list[TenantInfo]:
+        rows = self._read("SELECT id, created_at FROM tenants ORDER BY created_at, id")
+        return [TenantInfo(id=r["id"], created_at=r["created_at"]) for r in rows]
 
     def count_tokens(self) -> int:
         return int(self._read("SELECT COUNT(*) FROM tokens WHERE revoked_at IS NULL")[0][0])
@@ -222,6 +295,12 @@ class SqliteStore:
         (created=False); with another spec it raises IdempotencyConflict.
         """
         digest = spec_hash(spec)
+        secret_env = {k: v for k, v in spec.env.items() if is_secret_env(k, v)}
+        stored = spec
+        if secret_env:
+            stored = spec.model_copy(
+                update={"env": {**spec.env, **dict.fromkeys(secret_env, REDACTED)}}
+            )
         with self._tx() as c:
             if idempotency_key is not None:
                 row = c.execute(
@@ -231,9 +310,10 @@ class SqliteStore:
                 if row is not None:
                     if row["idem_hash"] != digest:
                         raise IdempotencyConflict(idempotency_key)
-                    return _job_from_row(row), False
+                    return self._job(row), False
             now = time.time()
             job_id = f"{spec.name[:24]}-{uuid.uuid4().hex[:8]}"
+            self._secrets.put(job_id, secret_env)
             self._queue_order += 1
             c.execute(
                 "INSERT INTO jobs (id, tenant, name, state, spec, idem_key, idem_hash,"
@@ -243,7 +323,7 @@ class SqliteStore:
                     tenant,
                     spec.name,
                     JobState.QUEUED.value,
-                    spec.model_dump_json(),
+                    stored.model_dump_json(),
                     idempotency_key,
                     digest,
                     now,
@@ -258,14 +338,14 @@ class SqliteStore:
                 {"state": "QUEUED", "previous": None, "reason": "submitted"},
             )
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return _job_from_row(row), True
+        return self._job(row), True
 
     def get_job(self, job_id: str, tenant: str | None = None) -> JobRecord | None:
         """A job by id; with `tenant`, only if it belongs to that tenant."""
         rows = self._read("SELECT * FROM jobs WHERE id = ?", (job_id,))
         if not rows or (tenant is not None and rows[0]["tenant"] != tenant):
             return None
-        return _job_from_row(rows[0])
+        return self._job(rows[0])
 
     def list_jobs(
         self,
@@ -284,7 +364,7 @@ class SqliteStore:
             args.extend(s.value for s in states)
         sql += " ORDER BY queue_order " + ("ASC" if oldest_first else "DESC") + " LIMIT ?"
         args.append(limit)
-        return [_job_from_row(r) for r in self._read(sql, tuple(args))]
+        return [self._job(r) for r in self._read(sql, tuple(args))]
 
     def transition(
         self,
@@ -298,6 +378,8 @@ class SqliteStore:
     ) -> JobRecord | None:
         """Move a job to `state` and log the event, atomically. Returns None (and changes
         nothing) when the job is not in one of `expect`; raises on an illegal transition."""
+        if failure is not None:
+            failure = self._scrub_failure(job_id, failure)
         with self._tx() as c:
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
             prev = JobState(row["state"])
@@ -326,7 +408,9 @@ class SqliteStore:
                 data["failure"] = failure.model_dump(mode="json")
             self._append(c, job_id, EventType.STATE, data, attempt=row["attempt"] or None)
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return _job_from_row(row)
+        if state.terminal:
+            self._secrets.delete(job_id)  # nothing launches an ended job again
+        return self._job(row)
 
     def request_cancel(self, job_id: str) -> JobRecord:
         """Mark a job for cancellation; a queued job is cancelled at once, an active one by
@@ -378,6 +462,8 @@ class SqliteStore:
     def end_attempt(
         self, job_id: str, attempt: int, reason: str, failure: FailureInfo | None = None
     ) -> None:
+        if failure is not None:
+            failure = self._scrub_failure(job_id, failure)
         with self._tx() as c:
             c.execute(
                 "UPDATE attempts SET ended_at = ?, reason = ?, failure = ? WHERE job_id = ?"
@@ -469,6 +555,7 @@ class SqliteStore:
         seq = c.execute(
             "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", (job_id,)
         ).fetchone()[0]
+        data = self.job_redactor(job_id).value(data)
         c.execute(
             "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
             (job_id, seq, time.time(), etype.value, attempt, rank, json.dumps(data)),
@@ -550,6 +637,23 @@ class SqliteStore:
         with self._tx() as c:
             c.execute("DELETE FROM node_failures WHERE node = ?", (node,))
 
+    # ---- secrets ------------------------------------------------------------------------
+
+    def _job(self, row: sqlite3.Row) -> JobRecord:
+        """A job row as a record, its secret env values merged back (for the runner:
+        answers redact them again, see air_sdk.gateway)."""
+        secret_env = self._secrets.get(row["id"]) if REDACTED in row["spec"] else {}
+        return _job_from_row(row, secret_env)
+
+    def job_redactor(self, job_id: str, extra: tuple[str, ...] = ()) -> Redactor:
+        """Scrubs `job_id`'s secret env values, `extra` values and any AIR token from text."""
+        return Redactor([*secret_values(self._secrets.get(job_id)), *extra])
+
+    def _scrub_failure(self, job_id: str, failure: FailureInfo) -> FailureInfo:
+        # Log tails and stacks come from the job's own output: keep its secrets out.
+        data = self.job_redactor(job_id).value(failure.model_dump(mode="json"))
+        return FailureInfo.model_validate(data)
+
     def last_seq(self, job_id: str) -> int:
         seq = self._last_seq.get(job_id)
         if seq is None:
@@ -609,14 +713,29 @@ class SqliteStore:
         return n or None
 
 
-def _job_from_row(r: sqlite3.Row) -> JobRecord:
+def _token_from_row(r: sqlite3.Row) -> TokenInfo:
+    return TokenInfo(
+        id=r["id"],
+        tenant=r["tenant"],
+        role=r["role"],
+        name=r["name"],
+        created_at=r["created_at"],
+        revoked_at=r["revoked_at"],
+    )
+
+
+def _job_from_row(r: sqlite3.Row, secret_env: dict[str, str] | None = None) -> JobRecord:
+    # Call SqliteStore._job instead: it merges the secret env values the row lacks.
+    spec = JobSpec.model_validate_json(r["spec"])
+    if secret_env:
+        spec = spec.model_copy(update={"env": {**spec.env, **secret_env}})
     return JobRecord(
         id=r["id"],
         tenant=r["tenant"],
         name=r["name"],
         state=JobState(r["state"]),
         state_reason=r["state_reason"],
-        spec=JobSpec.model_validate_json(r["spec"]),
+        spec=spec,
         created_at=r["created_at"],
         updated_at=r["updated_at"],
         started_at=r["started_at"],

@@ -23,7 +23,7 @@ def gw(tmp_path):
     runner = Runner(store, backend, tmp_path, "http://127.0.0.1:1")
     app = create_app(GatewayContext(store=store, runner=runner, home=tmp_path), start_runner=False)
     token = store.create_token()
-    client = TestClient(app)
+    client = TestClient(app, base_url="http://127.0.0.1")
     client.headers["Authorization"] = f"Bearer {token}"
     client.store = store
     return client
@@ -43,7 +43,7 @@ def spec(sha, **kw):
 
 
 def test_health_needs_no_token_everything_else_does(gw):
-    anon = TestClient(gw.app)
+    anon = TestClient(gw.app, base_url="http://127.0.0.1")
     assert anon.get("/v1/health").json()["status"] == "ok"
     for method, path in [
         ("GET", "/v1/jobs"),

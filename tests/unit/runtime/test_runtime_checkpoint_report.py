@@ -84,7 +84,7 @@ def gw(tmp_path: Path) -> Any:
     backend = LocalBackend(nodes=[NodeSpec("node-0", 1)])
     runner = Runner(store, backend, tmp_path, "http://127.0.0.1:1")
     app = create_app(GatewayContext(store=store, runner=runner, home=tmp_path), start_runner=False)
-    client = fastapi_testclient.TestClient(app)
+    client = fastapi_testclient.TestClient(app, base_url="http://127.0.0.1")
     client.headers["Authorization"] = f"Bearer {store.create_token()}"
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "train.py").write_text("print('hi')\n")

@@ -1,0 +1,140 @@
+"""Admin routes (`/v1/admin/...`): tenants, tokens and node health.
+
+Every route needs an admin token. A tenant's admin manages its own tenant's
+tokens; another tenant is "not found", exactly like one that does not exist. An
+admin of the system tenant (`default`, created with the database) manages every
+tenant and the shared nodes.
+
+| method | path                               | who                | answer        |
+|--------|------------------------------------|--------------------|---------------|
+| GET    | /v1/admin/tenants                  | admin (own / all)  | TenantList    |
+| POST   | /v1/admin/tenants                  | system admin       | TenantInfo    |
+| GET    | /v1/admin/tokens?tenant=           | admin (own / all)  | TokenList     |
+| POST   | /v1/admin/tokens                   | admin (own / all)  | TokenCreated  |
+| POST   | /v1/admin/tokens/{token_id}/revoke | admin (own / all)  | TokenInfo     |
+| GET    | /v1/admin/nodes                    | system admin       | NodeHealthList|
+| POST   | /v1/admin/nodes/{name}/clear       | system admin       | NodeHealth    |
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+
+from air_sdk.gateway.app import (
+    ERROR_RESPONSES,
+    AdminDep,
+    CtxDep,
+    GatewayContext,
+    Principal,
+    SystemAdminDep,
+)
+from air_sdk.schema import (
+    NodeHealth,
+    NodeHealthList,
+    TenantCreate,
+    TenantInfo,
+    TenantList,
+    TokenCreate,
+    TokenCreated,
+    TokenInfo,
+    TokenList,
+)
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=ERROR_RESPONSES)
+
+_TOKEN_ID = re.compile(r"^[0-9a-f]{32}$")
+_NODE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def _tenant_or_404(ctx: GatewayContext, principal: Principal, tenant: str) -> str:
+    # Another tenant is "not found" for a tenant's admin: its existence is not theirs to learn.
+    if (not principal.is_system_admin and tenant != principal.tenant) or (
+        ctx.store.get_tenant(tenant) is None
+    ):
+        raise HTTPException(404, f"no tenant {tenant!r}: list yours with `air admin tenant list`")
+    return tenant
+
+
+@router.get("/tenants", response_model=TenantList)
+def list_tenants(ctx: CtxDep, principal: AdminDep) -> TenantList:
+    tenants = ctx.store.list_tenants()
+    if not principal.is_system_admin:
+        tenants = [t for t in tenants if t.id == principal.tenant]
+    return TenantList(tenants=tenants)
+
+
+@router.post("/tenants", response_model=TenantInfo, status_code=201)
+def create_tenant(body: TenantCreate, ctx: CtxDep, _: SystemAdminDep) -> TenantInfo:
+    info = ctx.store.create_tenant(body.name)
+    if info is None:
+        raise HTTPException(409, f"tenant {body.name!r} exists already")
+    return info
+
+
+@router.get("/tokens", response_model=TokenList)
+def list_tokens(
+    ctx: CtxDep,
+    principal: AdminDep,
+    tenant: Annotated[str | None, Query(max_length=63)] = None,
+    include_revoked: bool = False,
+) -> TokenList:
+    if tenant is not None:
+        scope: str | None = _tenant_or_404(ctx, principal, tenant)
+    else:
+        scope = None if principal.is_system_admin else principal.tenant
+    return TokenList(tokens=ctx.store.list_tokens(scope, include_revoked=include_revoked))
+
+
+@router.post("/tokens", response_model=TokenCreated, status_code=201)
+def create_token(body: TokenCreate, ctx: CtxDep, principal: AdminDep) -> TokenCreated:
+    """Issue a token; the answer is the only place its plaintext ever appears."""
+    tenant = _tenant_or_404(ctx, principal, body.tenant or principal.tenant)
+    info, token = ctx.store.issue_token(tenant, body.role, body.name)
+    return TokenCreated(info=info, token=token)
+
+
+@router.post("/tokens/{token_id}/revoke", response_model=TokenInfo)
+def revoke_token(token_id: str, ctx: CtxDep, principal: AdminDep) -> TokenInfo:
+    """Revoke a token at once: its next request is a 401. Revoking twice is a no-op."""
+    info = None
+    if _TOKEN_ID.match(token_id):
+        scope = None if principal.is_system_admin else principal.tenant
+        info = ctx.store.revoke_token(token_id, tenant=scope)
+    if info is None:
+        raise HTTPException(404, f"no token {token_id!r}: list them with `air admin token list`")
+    return info
+
+
+def _node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
+    failures = ctx.store.node_failures()
+    unhealthy = ctx.runner.unhealthy_nodes()
+    names = [n.name for n in ctx.runner.backend.inventory()]
+    names += sorted(set(failures) - set(names))
+    return {
+        name: NodeHealth(
+            name=name,
+            num_failures=failures.get(name, (0, 0.0))[0],
+            last_failure_at=failures[name][1] if name in failures else None,
+            healthy=name not in unhealthy,
+        )
+        for name in names
+    }
+
+
+@router.get("/nodes", response_model=NodeHealthList)
+def list_nodes(ctx: CtxDep, _: SystemAdminDep) -> NodeHealthList:
+    return NodeHealthList(nodes=list(_node_health(ctx).values()))
+
+
+@router.post("/nodes/{name}/clear", response_model=NodeHealth)
+def clear_node(name: str, ctx: CtxDep, _: SystemAdminDep) -> NodeHealth:
+    """Forget a node's failures, so the scheduler places jobs on it again at once."""
+    known = _node_health(ctx) if _NODE.match(name) else {}
+    if name not in known:
+        raise HTTPException(404, f"no node {name!r}: list them with `air admin node list`")
+    ctx.store.clear_node_failures(name)
+    ctx.runner.wake()
+    return _node_health(ctx)[name]

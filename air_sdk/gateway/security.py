@@ -1,0 +1,330 @@
+"""The gateway's network guards: Host allow-list, CORS, body caps, rate limits, and
+token redaction of every answer.
+
+They are plain ASGI middlewares, installed by `install` around the whole app, so a
+route added later is covered without a line of its own. From the outside in:
+
+```
+TokenRedactionMiddleware   no AIR token leaves in an answer (but POST /v1/admin/tokens)
+HostCheckMiddleware        Host must be one this gateway serves: 400 (DNS rebinding)
+CORSMiddleware             only when origins are configured; none by default
+RateLimitMiddleware        token bucket per token (users, workers) or client: 429
+BodySizeMiddleware         Content-Length / streamed bytes over the route's cap: 413
+FastAPI app                auth (bearer -> Principal), roles, tenancy: 401/403/404
+```
+
+The options they read (`SecurityOptions`, `RequestLimits`, `RateLimit`) and the
+bind rule live in `air_sdk.gateway.options`, which imports no server code.
+
+Example:
+    >>> app = create_app(ctx, security=SecurityOptions(cors_origins=("https://lab.example",)))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from air_sdk.gateway.options import (
+    MIB,
+    REPORT_PATH,
+    RateLimit,
+    RequestLimits,
+    SecurityOptions,
+)
+from air_sdk.redact import REDACTED, TOKEN_PATTERN_BYTES
+
+__all__ = [
+    "BodySizeMiddleware",
+    "HostCheckMiddleware",
+    "RateLimitMiddleware",
+    "RateLimiter",
+    "TokenRedactionMiddleware",
+    "install",
+]
+
+#: the one answer that must carry a token: issuing it
+_TOKEN_ISSUE = ("POST", "/v1/admin/tokens")
+_CORS_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID")
+
+
+async def _send_json(
+    send: Send, status: int, detail: str, headers: Sequence[tuple[str, str]] = ()
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *[(k.lower().encode(), v.encode()) for k, v in headers],
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _host_name(header: str) -> str | None:
+    """The host part of a Host header ("[::1]:8470" -> "[::1]"), lower-case; None if bad."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        end = header.find("]")
+        rest = header[end + 1 :] if end > 0 else None
+        if rest is None or (rest and not (rest[:1] == ":" and rest[1:].isdigit())):
+            return None
+        return header[: end + 1]
+    name, sep, port = header.partition(":")
+    if not name or (sep and not port.isdigit()):
+        return None
+    return name
+
+
+class HostCheckMiddleware:
+    """400 unless the Host header names this gateway: a web page on another origin that
+    re-points its DNS name at 127.0.0.1 (DNS rebinding) still sends its own name."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str]) -> None:
+        self.app = app
+        self.exact = {h for h in allowed_hosts if not h.startswith("*")}
+        self.suffixes = tuple(h[1:] for h in allowed_hosts if h.startswith("*."))
+        self.any = "*" in allowed_hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.any:
+            await self.app(scope, receive, send)
+            return
+        name = _host_name(_header(scope, b"host") or "")
+        if name is not None and (name in self.exact or name.endswith(self.suffixes or ("\0",))):
+            await self.app(scope, receive, send)
+            return
+        await _send_json(
+            send,
+            400,
+            "the Host header does not name this gateway (a defence against DNS rebinding):"
+            " use its address, or start it with --allow-host NAME",
+        )
+
+
+class RateLimiter:
+    """Token buckets by key. `acquire(key)` returns 0.0 when the request may go, else the
+    seconds until it could.
+
+    Example:
+        >>> clock = iter([0.0, 0.0, 0.0]).__next__
+        >>> limiter = RateLimiter(RateLimit(per_s=1, burst=2), clock=clock)
+        >>> [limiter.acquire("t") for _ in range(3)]
+        [0.0, 0.0, 1.0]
+    """
+
+    def __init__(
+        self,
+        limit: RateLimit,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 10_000,
+    ) -> None:
+        self.limit = limit
+        self._clock = clock
+        self._max_keys = max_keys
+        self._buckets: dict[object, tuple[float, float]] = {}  # key -> (tokens, updated)
+
+    def acquire(self, key: object) -> float:
+        # Called from the event loop thread only: no lock needed.
+        now = self._clock()
+        rate, burst = self.limit.per_s, float(self.limit.burst)
+        tokens, updated = self._buckets.get(key, (burst, now))
+        tokens = min(burst, tokens + (now - updated) * rate)
+        if tokens >= 1.0:
+            self._buckets[key] = (tokens - 1.0, now)
+            wait = 0.0
+        else:
+            self._buckets[key] = (tokens, now)
+            wait = (1.0 - tokens) / rate
+        if len(self._buckets) > self._max_keys:
+            self._evict(now)
+        return wait
+
+    def _evict(self, now: float) -> None:
+        # A bucket that would be full again is the same as no bucket.
+        refill_s = self.limit.burst / self.limit.per_s
+        self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < refill_s}
+        if len(self._buckets) > self._max_keys:  # a flood of fresh keys: keep the newest
+            newest = sorted(self._buckets.items(), key=lambda kv: kv[1][1])[-self._max_keys // 2 :]
+            self._buckets = dict(newest)
+
+
+class RateLimitMiddleware:
+    """429 with Retry-After for a caller over its rate: keyed by the token presented
+    (worker reports have their own, higher rate), else by client address."""
+
+    def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
+        self.app = app
+        self.users = RateLimiter(limits.user_rate) if limits.user_rate else None
+        self.workers = RateLimiter(limits.worker_rate) if limits.worker_rate else None
+        self.anonymous = RateLimiter(limits.anonymous_rate) if limits.anonymous_rate else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        auth = _header(scope, b"authorization") or ""
+        scheme, _, token = auth.partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        limiter: RateLimiter | None
+        key: object
+        if not token:
+            limiter, key, who = self.anonymous, str((scope.get("client") or ("?",))[0]), "client"
+        elif scope["method"] == "POST" and REPORT_PATH.match(scope["path"]):
+            limiter, key, who = self.workers, hashlib.sha256(token.encode()).digest(), "token"
+        else:
+            limiter, key, who = self.users, hashlib.sha256(token.encode()).digest(), "token"
+        wait = limiter.acquire(key) if limiter is not None else 0.0
+        if wait <= 0.0:
+            await self.app(scope, receive, send)
+            return
+        assert limiter is not None
+        retry_after = max(1, math.ceil(wait))
+        await _send_json(
+            send,
+            429,
+            f"too many requests from this {who}: at most {limiter.limit.per_s:g}/s in bursts"
+            f" of {limiter.limit.burst}; retry after {retry_after} s",
+            headers=[("Retry-After", str(retry_after))],
+        )
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from `receive` when a streamed body passes its cap (an HTTPException, so
+    FastAPI's body parsing passes it on and its handler answers 413 with the detail)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(413, detail)
+
+
+class BodySizeMiddleware:
+    """413 for a body over its route's cap: at once from Content-Length, or as soon as
+    the streamed bytes pass it (chunked uploads)."""
+
+    def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cap, advice = self.limits.body_cap(scope["method"], scope["path"])
+        detail = f"the request body is over {_size(cap)}, the limit for this route: {advice}"
+        length = _header(scope, b"content-length")
+        if length is not None:
+            if not length.strip().isdigit():
+                await _send_json(send, 400, "Content-Length is not a number")
+                return
+            if int(length) > cap:
+                await _send_json(send, 413, detail)
+                return
+        received = 0
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > cap:
+                    raise BodyTooLarge(detail)
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, watched_send)
+        except BodyTooLarge:
+            if started:
+                raise
+            await _send_json(send, 413, detail)
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / MIB:g} MiB" if num_bytes >= MIB else f"{num_bytes} bytes"
+
+
+class TokenRedactionMiddleware:
+    """Replaces every AIR token in every answer body with REDACTED: a token a job
+    printed, passed as an arg or set in a non-secret env var never leaves the gateway.
+    The one exception is the answer that issues a token."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._redacted = REDACTED.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] == "HEAD"
+            or (scope["method"], scope["path"].rstrip("/")) == _TOKEN_ISSUE
+        ):
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        buffered: list[bytes] = []
+
+        async def redacting_send(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                if any(k.lower() == b"content-length" for k, _ in message.get("headers", ())):
+                    start = message  # a sized body: hold the head until the length is known
+                    return
+                await send(message)  # a stream (SSE): redact chunk by chunk
+                return
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            if start is None:
+                body = TOKEN_PATTERN_BYTES.sub(self._redacted, message.get("body", b""))
+                await send({**message, "body": body})
+                return
+            buffered.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            whole = TOKEN_PATTERN_BYTES.sub(self._redacted, b"".join(buffered))
+            headers = [
+                (k, str(len(whole)).encode() if k.lower() == b"content-length" else v)
+                for k, v in start.get("headers", ())
+            ]
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": whole})
+
+        await self.app(scope, receive, redacting_send)
+
+
+def install(app: Any, options: SecurityOptions) -> None:
+    """Wrap `app` (a FastAPI/Starlette app) in the guards, outermost last."""
+    app.add_middleware(BodySizeMiddleware, limits=options.limits)
+    app.add_middleware(RateLimitMiddleware, limits=options.limits)
+    if options.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(options.cors_origins),
+            allow_methods=["GET", "HEAD", "POST", "PUT"],
+            allow_headers=list(_CORS_HEADERS),
+            allow_credentials=False,  # bearer tokens, never cookies
+        )
+    app.add_middleware(HostCheckMiddleware, allowed_hosts=options.all_hosts())
+    app.add_middleware(TokenRedactionMiddleware)

@@ -1,0 +1,113 @@
+"""Bodies of the admin API (`/v1/admin/...`): tenants, tokens and node health.
+
+Roles, from least to most:
+
+| role     | may                                                                      |
+|----------|--------------------------------------------------------------------------|
+| `viewer` | read its tenant's jobs, events, logs, metrics, checkpoints, the cluster  |
+| `member` | + submit and cancel its tenant's jobs, upload bundles                    |
+| `admin`  | + manage its tenant's tokens; an admin of the system tenant (`default`)  |
+|          |   also creates tenants, manages every tenant's tokens and clears nodes   |
+
+Example:
+    >>> TokenCreate(role="viewer", name="dashboard").role
+    'viewer'
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: every role a token can have, least powerful first
+ROLES = ("viewer", "member", "admin")
+Role = Literal["viewer", "member", "admin"]
+
+TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+MAX_TOKEN_NAME_CHARS = 200
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _check_tenant(v: str) -> str:
+    if not TENANT_NAME.match(v):
+        raise ValueError(
+            f"tenant {v!r} must be 1-63 characters of lowercase letters, digits, '_' or '-',"
+            " starting with a letter or digit"
+        )
+    return v
+
+
+class TenantCreate(_Wire):
+    name: str = Field(
+        description="1-63 of [a-z0-9_-], starting with a letter or digit.",
+        json_schema_extra={"pattern": TENANT_NAME.pattern},
+    )
+
+    _name_ok = field_validator("name")(_check_tenant)
+
+
+class TenantInfo(_Wire):
+    id: str
+    created_at: float
+
+
+class TenantList(_Wire):
+    tenants: list[TenantInfo]
+
+
+class TokenCreate(_Wire):
+    """A token to issue; `tenant` defaults to the caller's own."""
+
+    tenant: str | None = Field(
+        None,
+        description="Default: the caller's own.",
+        json_schema_extra={"pattern": TENANT_NAME.pattern},
+    )
+    role: Role = "member"
+    name: str = Field("", max_length=MAX_TOKEN_NAME_CHARS, description="A label for people.")
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_ok(cls, v: str | None) -> str | None:
+        return None if v is None else _check_tenant(v)
+
+
+class TokenInfo(_Wire):
+    """A token as the gateway shows it: never its plaintext (it keeps only a digest)."""
+
+    id: str
+    tenant: str
+    role: Role
+    name: str = ""
+    created_at: float
+    revoked_at: float | None = None
+
+
+class TokenCreated(_Wire):
+    """The answer to issuing a token: the only time its plaintext is shown."""
+
+    info: TokenInfo
+    token: str
+
+
+class TokenList(_Wire):
+    tokens: list[TokenInfo]
+
+
+class NodeHealth(_Wire):
+    """A node's failure record: `healthy` is False while the runner keeps it out of
+    placements; clearing the record puts it back at once."""
+
+    name: str
+    num_failures: int = 0
+    last_failure_at: float | None = None
+    healthy: bool = True
+
+
+class NodeHealthList(_Wire):
+    nodes: list[NodeHealth]

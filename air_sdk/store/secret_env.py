@@ -1,0 +1,89 @@
+"""Secret env values of jobs, kept out of the control-plane database.
+
+A job's spec is stored in SQLite with every secret env value (see
+`air_sdk.redact.is_secret_env`) replaced by `REDACTED`; the real values live here,
+one JSON file per job, mode 0600 in a 0700 directory beside the database, and
+are merged back when the store hands a job to the runner. So a copied database
+file, a backup or a `.dump` pasted into a bug report carries no secret, and the
+files go as soon as the job ends: nothing launches it again.
+
+An in-memory store (`":memory:"`) keeps them in a dict.
+
+Example:
+    >>> vault = SecretEnvStore(None)
+    >>> vault.put("j-1", {"API_KEY": "k"})
+    >>> vault.get("j-1")
+    {'API_KEY': 'k'}
+    >>> vault.delete("j-1"); vault.get("j-1")
+    {}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+__all__ = ["SecretEnvStore"]
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class SecretEnvStore:
+    """Per-job secret env values: files under `root` (None: in memory only), cached."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+        self._cache: dict[str, dict[str, str]] = {}
+
+    def _path(self, job_id: str) -> Path:
+        if self.root is None or not _SAFE_ID.match(job_id) or job_id.startswith("."):
+            raise ValueError(f"job id {job_id!r} cannot name a secrets file")
+        return self.root / f"{job_id}.json"
+
+    def put(self, job_id: str, values: dict[str, str]) -> None:
+        """Keep `values` for `job_id` (written before the job row, so a crash between
+        leaves an orphan file, never a job without its secrets)."""
+        if not values:
+            return
+        with self._lock:
+            self._cache[job_id] = dict(values)
+            if self.root is None:
+                return
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = self._path(job_id)
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(values, f)
+            os.replace(tmp, path)
+
+    def get(self, job_id: str) -> dict[str, str]:
+        """The secret values of `job_id`; {} when it has none (or they were deleted)."""
+        with self._lock:
+            cached = self._cache.get(job_id)
+            if cached is not None:
+                return dict(cached)
+            if self.root is None:
+                return {}
+            try:
+                values = json.loads(self._path(job_id).read_text())
+            except (OSError, ValueError):
+                return {}
+            if not isinstance(values, dict):
+                return {}
+            self._cache[job_id] = {str(k): str(v) for k, v in values.items()}
+            return dict(self._cache[job_id])
+
+    def delete(self, job_id: str) -> None:
+        """Forget the secrets of an ended job."""
+        with self._lock:
+            self._cache.pop(job_id, None)
+            if self.root is not None:
+                try:
+                    self._path(job_id).unlink(missing_ok=True)
+                except (OSError, ValueError):
+                    pass

@@ -1,0 +1,99 @@
+"""Where a gateway may listen: loopback always; anything else only with TLS or an
+explicit --insecure-bind; TLS reaches uvicorn; options survive a detached start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from air_sdk.errors import AirError
+from air_sdk.gateway import server
+from air_sdk.gateway.options import RateLimit, RequestLimits, check_bind, is_loopback
+from air_sdk.gateway.server import GatewayOptions
+
+
+@pytest.fixture
+def tls(tmp_path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    return cert, key
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "localhost", "::1", "[::1]"])
+def test_loopback_is_always_allowed(host):
+    assert is_loopback(host)
+    check_bind(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "gpu-box.lan"])
+def test_any_other_address_needs_tls_or_an_explicit_insecure_bind(host, tls):
+    with pytest.raises(AirError, match="--tls-cert and --tls-key, or --insecure-bind"):
+        check_bind(host)
+    check_bind(host, insecure_bind=True)
+    check_bind(host, tls_cert=tls[0], tls_key=tls[1])
+
+
+def test_half_a_tls_pair_or_a_missing_file_is_refused(tls, tmp_path):
+    with pytest.raises(AirError, match="both"):
+        check_bind("0.0.0.0", tls_cert=tls[0])
+    with pytest.raises(AirError, match="not a readable file"):
+        check_bind("0.0.0.0", tls_cert=tmp_path / "nope.pem", tls_key=tls[1])
+
+
+def test_build_refuses_an_open_bind_and_serves_the_configured_host(tmp_path):
+    with pytest.raises(AirError, match="refusing to listen on 0.0.0.0"):
+        server.build(GatewayOptions(host="0.0.0.0", home=tmp_path, write_client_config=False))
+    opts = GatewayOptions(host="0.0.0.0", home=tmp_path, insecure_bind=True)
+    app, token = server.build(opts)
+    assert token.startswith("air_")
+    assert "0.0.0.0" in opts.security.all_hosts() and "[::1]" in opts.security.all_hosts()
+    assert opts.worker_url.startswith("http://127.0.0.1:")
+
+
+def test_tls_reaches_uvicorn_and_makes_the_url_https(tmp_path, tls, monkeypatch):
+    seen = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: seen.update(kw))
+    opts = GatewayOptions(
+        host="0.0.0.0",
+        port=9443,
+        home=tmp_path,
+        tls_cert=tls[0],
+        tls_key=tls[1],
+        write_client_config=False,
+    )
+    assert opts.url == "https://0.0.0.0:9443"
+    server.serve(opts)
+    assert seen["ssl_certfile"] == str(tls[0]) and seen["ssl_keyfile"] == str(tls[1])
+    assert seen["host"] == "0.0.0.0" and seen["server_header"] is False
+
+
+def test_the_detached_command_line_carries_every_option(tmp_path, tls, monkeypatch):
+    seen: list[GatewayOptions] = []
+    monkeypatch.setattr(server, "serve", seen.append)
+    limits = RequestLimits(user_rate=RateLimit(per_s=5, burst=7), anonymous_rate=None)
+    argv = [
+        "--host", "0.0.0.0", "--port", "9", "--home", str(tmp_path),
+        "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]),
+        "--allow-host", "gpu-box.lan", "--cors-origin", "https://lab.example",
+        "--limits-json", limits.to_json(),
+    ]  # fmt: skip
+    server.main(argv)
+    opts = seen[0]
+    assert (opts.host, opts.port, opts.tls_cert, opts.tls_key) == ("0.0.0.0", 9, *tls)
+    assert opts.allowed_hosts == ("gpu-box.lan",)
+    assert opts.cors_origins == ("https://lab.example",)
+    assert opts.limits == limits
+
+
+def test_air_gateway_start_refuses_an_open_host_with_the_fix(tmp_path):
+    from air_sdk.cli.main import app
+
+    result = CliRunner().invoke(
+        app, ["gateway", "start", "--host", "0.0.0.0", "--home", str(tmp_path)]
+    )
+    assert result.exit_code == 1
+    assert "--insecure-bind" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "air.db").exists()
