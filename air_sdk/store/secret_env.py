@@ -72,6 +72,9 @@ class SecretEnvStore:
             try:
                 values = json.loads(self._path(job_id).read_text())
             except (OSError, ValueError):
+                # Most jobs have no secrets: remember that, or every worker report of
+                # theirs would try to open a file that does not exist.
+                self._cache[job_id] = {}
                 return {}
             if not isinstance(values, dict):
                 return {}
