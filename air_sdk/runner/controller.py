@@ -428,13 +428,13 @@ class JobController:
             self.job_id, types=(EventType.RANK_EXIT,), attempt=self.attempt, limit=10_000
         ):
             e = RankExit.model_validate(ev.data)
-            exits[e.rank] = (ev.ts, e)
+            exits[e.rank] = (e.ended_at or ev.ts, e)
         exit_dir = self.paths.attempt(self.attempt) / "exits"
         if exit_dir.is_dir():
             for f in exit_dir.glob("rank-*.json"):
                 try:
                     e = RankExit.model_validate(json.loads(f.read_text()))
-                    ts = f.stat().st_mtime
+                    ts = e.ended_at or f.stat().st_mtime
                 except (OSError, ValueError):
                     continue
                 if e.rank not in exits or ts < exits[e.rank][0]:

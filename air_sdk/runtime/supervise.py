@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -291,10 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     pump.start()
     returncode = child.wait()
+    ended_at = time.time()  # the death itself: draining the output below takes a while
     pump.join(_DRAIN_AFTER_EXIT_S)
     with tail_lock:
         last_lines = list(tail)
     rank_exit = _rank_exit(rank, returncode, last_lines, oom_before, ctx.node_name or None)
+    rank_exit = rank_exit.model_copy(update={"ended_at": ended_at})
     _write_exit_file(rank_exit)  # first: the local runner reads it even if posting fails
     shipper.report_exit(rank_exit)
     if sampler is not None:

@@ -104,6 +104,8 @@ class RankExit(BaseModel):
 
     rank: int
     node: str | None = None
+    #: wall time the process ended (which rank died first decides who is blamed)
+    ended_at: float | None = None
     exit_code: int | None = None
     signal: str | None = None
     oom_killed: bool = False

@@ -332,3 +332,19 @@ def test_an_exit_code_never_blames_the_node(store, tmp_path):
     backend.attempts[0].exit_codes.update(n1=1)
     ctl.step()
     assert store.node_failures() == {}
+
+
+def test_the_rank_that_died_first_is_blamed_even_if_its_record_came_later(store, tmp_path):
+    ctl, backend = make(store, tmp_path, max_restarts=0)
+    ctl.step()
+    # rank 0's record (a victim: its peer vanished) arrives first, but rank 1 ended first
+    victim = RankExit(rank=0, exit_code=1, ended_at=20.0, tail=["Connection closed by peer"])
+    first = RankExit(rank=1, signal="SIGTERM", ended_at=10.0)
+    for e in (victim, first):
+        store.append_worker_events(
+            ctl.job_id, ctl.attempt, e.rank, [(EventType.RANK_EXIT, e.model_dump_json())], None
+        )
+    backend.attempts[0].exit_codes.update(n0=1)
+    assert ctl.step() == (JobState.STARTING, JobState.RESTARTING)
+    failure = store.get_job(ctl.job_id).failure
+    assert (failure.rank, failure.kind) == (1, "preempted")

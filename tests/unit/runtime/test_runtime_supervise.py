@@ -163,6 +163,7 @@ def test_a_signal_death_exits_128_plus_signal_with_the_last_lines(
     assert on_disk == {
         "rank": 0,
         "node": on_disk["node"],  # AIR_NODE_NAME, else this host's name
+        "ended_at": on_disk["ended_at"],
         "exit_code": None,
         "signal": "SIGKILL",
         "oom_killed": False,
