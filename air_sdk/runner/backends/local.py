@@ -252,7 +252,9 @@ class LocalBackend:
                 break
             for pid in left:
                 _signal(pid, signal.SIGKILL)
-            psutil.wait_procs([_proc(p) for p in left if _proc(p)], timeout=5)
+            # one lookup per pid: a process that dies between two lookups must not
+            # slip in as None (psutil.wait_procs would fail on it)
+            psutil.wait_procs([p for p in map(_proc, left) if p is not None], timeout=5)
         for node in handle.nodes:
             if node.proc is None:
                 continue
