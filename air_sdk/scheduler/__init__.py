@@ -1,6 +1,16 @@
-"""Pure scheduling decisions: queue + inventory -> placements. No HTTP, SQL or torch."""
+"""Pure scheduling decisions: queue + inventory -> placements. No HTTP, SQL or torch.
 
+`decide` is the multi-tenant cycle (priorities, quotas, DRF fair share, EASY
+backfill, preemption, routing, explanations); `SchedulerState.decide` is the same
+with memory between cycles (for large clusters); `schedule_fifo` is the plain FIFO
+gang baseline. `air_sdk.scheduler.sim` replays traces through either.
+"""
+
+from air_sdk.scheduler.config import ClusterConfig, load_cluster_config, parse_cluster_config
+from air_sdk.scheduler.decide import Decision, Preemption, Reservation, SchedulerState, decide
 from air_sdk.scheduler.gang import (
+    ANY_POOL,
+    PRIORITIES,
     JobRequest,
     NodeSpec,
     fits_ever,
@@ -8,5 +18,27 @@ from air_sdk.scheduler.gang import (
     place,
     schedule_fifo,
 )
+from air_sdk.scheduler.policy import SchedulerPolicy, TenantQuota
+from air_sdk.scheduler.state import RunningJob
 
-__all__ = ["JobRequest", "NodeSpec", "fits_ever", "free_capacity", "place", "schedule_fifo"]
+__all__ = [
+    "ANY_POOL",
+    "PRIORITIES",
+    "ClusterConfig",
+    "Decision",
+    "JobRequest",
+    "NodeSpec",
+    "Preemption",
+    "Reservation",
+    "RunningJob",
+    "SchedulerPolicy",
+    "SchedulerState",
+    "TenantQuota",
+    "decide",
+    "fits_ever",
+    "free_capacity",
+    "load_cluster_config",
+    "parse_cluster_config",
+    "place",
+    "schedule_fifo",
+]

@@ -1,18 +1,30 @@
-"""Gang placement over an inventory of nodes: a pure function of queue + inventory.
+"""Gang placement over an inventory of nodes, and the plain FIFO baseline.
 
-A job asks for `nodes` distinct nodes, each with `slots` free rank slots and
-`gpus` free GPUs. It gets all of them at once or none (gang). The queue is FIFO
-within the pool: the head of the queue that does not fit blocks the jobs behind
-it, so a large job is never starved by a stream of small ones (backfill that
-provably does not delay the head comes with the multi-tenant scheduler).
+A job asks for `nodes` distinct nodes, each with `slots_per_node` free rank slots
+and `gpus_per_node` free GPUs. It gets all of them at once or none (gang). A gang
+never mixes accelerator types: every node of one placement has the same
+`accelerator`.
+
+`schedule_fifo` is the plain baseline: strict FIFO per pool, the head of a pool's
+queue that does not fit blocks the jobs behind it. The multi-tenant scheduler
+(priorities, quotas, fair share, backfill, preemption) is `decide` in
+`air_sdk.scheduler.decide`; the simulator measures one against the other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from air_sdk.schema import NodeAssignment, Placement
+
+#: Priority classes, lowest first; the index is the rank.
+PRIORITIES = ("low", "normal", "high")
+PRIORITY_RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
+
+#: `JobRequest.pool` value that lets the scheduler choose the pool.
+ANY_POOL = "any"
 
 
 @dataclass(frozen=True)
@@ -22,6 +34,8 @@ class NodeSpec:
     Example:
         >>> NodeSpec(name="node-0", slots=4, gpus=(0, 1)).num_gpus
         2
+        >>> NodeSpec("g0", 8, tuple(range(8)), pool="a100", accelerator="a100").accelerator
+        'a100'
     """
 
     name: str
@@ -29,6 +43,10 @@ class NodeSpec:
     gpus: tuple[int, ...] = ()
     pool: str = "default"
     healthy: bool = True
+    #: accelerator type, lower case ("a100", "h100", "cpu"); jobs may ask for one by name
+    accelerator: str = "cpu"
+    #: free-form labels such as {"region": "eu-west"}; the locality label keeps a gang together
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def num_gpus(self) -> int:
@@ -37,13 +55,71 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """What the scheduler needs to know of a queued job."""
+    """What the scheduler needs to know of a queued job.
+
+    `pool` names a pool, or "any" to let the scheduler route the job; `accelerator`
+    (e.g. "a100", or "gpu" for any GPU node) narrows the nodes it may use.
+    `est_duration_s` (a time limit works: the job never runs longer) lets a small
+    job be backfilled ahead of a blocked large one without delaying it.
+
+    Example:
+        >>> JobRequest("j", nodes=2, slots_per_node=8, gpus_per_node=8, tenant="t").num_gpus
+        16
+    """
 
     job_id: str
     nodes: int
     slots_per_node: int
     gpus_per_node: int = 0
     pool: str = "default"
+    accelerator: str | None = None
+    tenant: str = "default"
+    priority: str = "normal"
+    submitted_at: float = 0.0
+    est_duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITY_RANK:
+            raise ValueError(
+                f"job {self.job_id}: priority {self.priority!r} is not one of {', '.join(PRIORITIES)}"
+            )
+        if self.nodes < 1 or self.slots_per_node < 1 or self.gpus_per_node < 0:
+            raise ValueError(
+                f"job {self.job_id}: nodes={self.nodes}, slots_per_node={self.slots_per_node},"
+                f" gpus_per_node={self.gpus_per_node}: a job needs at least 1 node and 1 slot"
+            )
+
+    @cached_property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @cached_property
+    def num_slots(self) -> int:
+        return self.nodes * self.slots_per_node
+
+    @cached_property
+    def shape(self) -> tuple[int, int, int]:
+        """(nodes, slots per node, GPUs per node)."""
+        return (self.nodes, self.slots_per_node, self.gpus_per_node)
+
+    @cached_property
+    def route_key(self) -> tuple[str, str | None, int, int, int]:
+        """Jobs with equal keys may run in the same partitions."""
+        return (self.pool, self.accelerator, self.nodes, self.slots_per_node, self.gpus_per_node)
+
+
+def node_matches(request: JobRequest, node: NodeSpec) -> bool:
+    """True if `node` is in a pool and of an accelerator type the request accepts
+    (capacity aside). "gpu" as an accelerator accepts any node with GPUs."""
+    if request.pool != ANY_POOL and node.pool != request.pool:
+        return False
+    wanted = request.accelerator
+    if wanted is None:
+        return True
+    wanted = wanted.lower()
+    if wanted == "gpu":
+        return node.num_gpus > 0
+    return node.accelerator.lower() == wanted
 
 
 @dataclass
@@ -73,7 +149,8 @@ def place(
     """A gang placement for `request` on distinct nodes, or None if it does not fit.
 
     Prefers the fullest nodes that still fit (best fit), which leaves whole nodes
-    free for the next large job.
+    free for the next large job. With pool "any" the first pool (by name) where the
+    whole gang fits is used; a gang never spans pools or accelerator types.
 
     Example:
         >>> inv = [NodeSpec("a", 1), NodeSpec("b", 1)]
@@ -85,50 +162,69 @@ def place(
         n
         for n in inventory
         if n.healthy
-        and n.pool == request.pool
+        and node_matches(request, n)
         and n.name in free
         and free[n.name].slots >= request.slots_per_node
         and len(free[n.name].gpus) >= request.gpus_per_node
     ]
-    if len(candidates) < request.nodes:
-        return None
-    candidates.sort(key=lambda n: (free[n.name].slots, len(free[n.name].gpus), n.name))
-    chosen = sorted(candidates[: request.nodes], key=lambda n: n.name)
-    return Placement(
-        job_id=request.job_id,
-        pool=request.pool,
-        nodes=tuple(
-            NodeAssignment(
-                node=n.name,
-                slots=request.slots_per_node,
-                gpus=tuple(free[n.name].gpus[: request.gpus_per_node]),
-            )
-            for n in chosen
-        ),
-    )
+    groups: dict[tuple[str, str], list[NodeSpec]] = {}
+    for n in candidates:
+        groups.setdefault((n.pool, n.accelerator), []).append(n)
+    for (pool, _), nodes in sorted(groups.items()):
+        if len(nodes) < request.nodes:
+            continue
+        nodes.sort(key=lambda n: (free[n.name].slots, len(free[n.name].gpus), n.name))
+        chosen = sorted(nodes[: request.nodes], key=lambda n: n.name)
+        return Placement(
+            job_id=request.job_id,
+            pool=pool,
+            nodes=tuple(
+                NodeAssignment(
+                    node=n.name,
+                    slots=request.slots_per_node,
+                    gpus=tuple(free[n.name].gpus[: request.gpus_per_node]),
+                )
+                for n in chosen
+            ),
+        )
+    return None
 
 
 def fits_ever(request: JobRequest, inventory: Sequence[NodeSpec]) -> str | None:
     """None if an empty cluster could run the job, else the reason it never can."""
-    pool_nodes = [n for n in inventory if n.pool == request.pool]
-    if not pool_nodes:
-        pools = sorted({n.pool for n in inventory})
+    pools = sorted({n.pool for n in inventory})
+    if request.pool != ANY_POOL and request.pool not in pools:
         return f"no pool named {request.pool!r}; pools: {', '.join(pools) or 'none'}"
-    big = [
-        n
-        for n in pool_nodes
-        if n.slots >= request.slots_per_node and n.num_gpus >= request.gpus_per_node
-    ]
-    if len(big) < request.nodes:
-        most_slots = max(n.slots for n in pool_nodes)
-        most_gpus = max(n.num_gpus for n in pool_nodes)
+    matching = [n for n in inventory if node_matches(request, n)]
+    if not matching:
+        kinds = sorted({n.accelerator for n in inventory if request.pool in (ANY_POOL, n.pool)})
+        where = "no pool" if request.pool == ANY_POOL else f"pool {request.pool!r}"
         return (
-            f"the job needs {request.nodes} nodes with {request.slots_per_node} slots and "
-            f"{request.gpus_per_node} GPUs each; pool {request.pool!r} has {len(big)} such nodes "
-            f"({len(pool_nodes)} nodes, at most {most_slots} slots and {most_gpus} GPUs each): "
-            "lower --nodes or --procs-per-node, or start the gateway with more nodes"
+            f"{where} has {request.accelerator!r} nodes; accelerators here: "
+            f"{', '.join(kinds) or 'none'}"
         )
-    return None
+    groups: dict[tuple[str, str], list[NodeSpec]] = {}
+    for n in matching:
+        groups.setdefault((n.pool, n.accelerator), []).append(n)
+    best = 0
+    for nodes in groups.values():
+        big = [
+            n
+            for n in nodes
+            if n.slots >= request.slots_per_node and n.num_gpus >= request.gpus_per_node
+        ]
+        if len(big) >= request.nodes:
+            return None
+        best = max(best, len(big))
+    where = "any pool" if request.pool == ANY_POOL else f"pool {request.pool!r}"
+    most_slots = max(n.slots for n in matching)
+    most_gpus = max(n.num_gpus for n in matching)
+    return (
+        f"the job needs {request.nodes} nodes with {request.slots_per_node} slots and "
+        f"{request.gpus_per_node} GPUs each; {where} has {best} such nodes "
+        f"({len(matching)} nodes, at most {most_slots} slots and {most_gpus} GPUs each): "
+        "lower --nodes or --procs-per-node, or start the gateway with more nodes"
+    )
 
 
 def schedule_fifo(
@@ -139,7 +235,8 @@ def schedule_fifo(
     """Placements for the jobs that can start now, in queue order.
 
     Strict FIFO per pool: once the head of a pool's queue does not fit, no job
-    behind it in that pool starts this cycle.
+    behind it in that pool starts this cycle. No priorities, quotas or backfill:
+    this is the baseline the multi-tenant `decide` is measured against.
 
     Example:
         >>> inv = [NodeSpec("a", 1), NodeSpec("b", 1)]

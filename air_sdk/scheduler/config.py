@@ -1,0 +1,202 @@
+"""Cluster configuration from TOML: pools of nodes (the inventory) and the scheduler
+policy (quotas, weights, switches). The format is documented in docs/scheduling.md.
+
+    [[pools]]
+    name = "a100"
+    accelerator = "a100"
+    labels = { region = "eu-west" }
+      [[pools.nodes]]
+      name = "gpu-{i}"     # {i} expands with count
+      count = 4
+      gpus = 8
+      slots = 8
+
+    [tenants.vision]
+    gpus = 16
+    weight = 2
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from air_sdk.scheduler.gang import ANY_POOL, NodeSpec
+from air_sdk.scheduler.policy import UNLIMITED, SchedulerPolicy, TenantQuota
+
+Priority = Literal["low", "normal", "high"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeEntry(_Model):
+    """One node, or `count` alike nodes named by `name` with `{i}` replaced by 0..count-1."""
+
+    name: str = Field(min_length=1)
+    gpus: int | list[int] = Field(0, description="GPU count (ids 0..n-1) or explicit GPU ids.")
+    slots: int | None = Field(
+        None, ge=1, description="Rank slots; default: the GPU count, or 1 without GPUs."
+    )
+    count: int = Field(1, ge=1, le=100_000)
+    healthy: bool = True
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_ok(cls, v: int | list[int]) -> int | list[int]:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"gpus={v}: give a GPU count >= 0 or a list of GPU ids")
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError(f"gpus={v} lists a GPU id twice")
+        return v
+
+
+class PoolEntry(_Model):
+    """A named set of nodes of one accelerator type."""
+
+    name: str = Field(min_length=1)
+    accelerator: str = "cpu"
+    labels: dict[str, str] = Field(default_factory=dict, description="Given to every node.")
+    nodes: list[NodeEntry] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if v == ANY_POOL:
+            raise ValueError("'any' is reserved (a job's pool = 'any' lets the scheduler choose)")
+        return v
+
+
+class TenantEntry(_Model):
+    gpus: int | None = Field(None, ge=0)
+    slots: int | None = Field(None, ge=0)
+    weight: float = Field(1.0, gt=0)
+
+
+class SchedulerEntry(_Model):
+    fair_share: Literal["drf", "fifo"] = "drf"
+    backfill: bool = True
+    preemption: bool = True
+    preemptor_priorities: list[Priority] = Field(default_factory=lambda: list[Priority](["high"]))
+    locality_label: str | None = "region"
+    locality_strict: bool = False
+    aging_s: float | None = Field(24 * 3600.0, gt=0)
+
+
+class ClusterFile(_Model):
+    pools: list[PoolEntry] = Field(default_factory=list)
+    tenants: dict[str, TenantEntry] = Field(
+        default_factory=dict, description="Quotas and weights; '*' sets the default quota."
+    )
+    scheduler: SchedulerEntry = Field(default_factory=SchedulerEntry)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The inventory and the policy a TOML file describes.
+
+    Example:
+        >>> cfg = parse_cluster_config('''
+        ... [[pools]]
+        ... name = "gpu"
+        ... accelerator = "a100"
+        ...   [[pools.nodes]]
+        ...   name = "g{i}"
+        ...   count = 2
+        ...   gpus = 8
+        ... [tenants.vision]
+        ... gpus = 8
+        ... ''')
+        >>> [(n.name, n.num_gpus, n.slots) for n in cfg.inventory]
+        [('g0', 8, 8), ('g1', 8, 8)]
+        >>> cfg.policy.quota("vision").gpus
+        8
+    """
+
+    inventory: list[NodeSpec]
+    policy: SchedulerPolicy
+
+
+def parse_cluster_config(text: str, *, source: str = "<string>") -> ClusterConfig:
+    """Parse cluster TOML; errors name the file and the field to fix."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not valid TOML: {exc}") from exc
+    try:
+        cfg = ClusterFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"{source}: {problems}") from exc
+    return ClusterConfig(inventory=_inventory(cfg, source), policy=_policy(cfg))
+
+
+def load_cluster_config(path: str | Path) -> ClusterConfig:
+    """Read a cluster TOML file (see docs/scheduling.md for the format)."""
+    p = Path(path)
+    return parse_cluster_config(p.read_text(), source=str(p))
+
+
+def _inventory(cfg: ClusterFile, source: str) -> list[NodeSpec]:
+    nodes: list[NodeSpec] = []
+    seen: set[str] = set()
+    pool_names: set[str] = set()
+    for pool in cfg.pools:
+        if pool.name in pool_names:
+            raise ValueError(f"{source}: pool {pool.name!r} is defined twice")
+        pool_names.add(pool.name)
+        for entry in pool.nodes:
+            if entry.count > 1 and "{i}" not in entry.name:
+                raise ValueError(
+                    f"{source}: pool {pool.name!r}: node {entry.name!r} has count={entry.count}"
+                    " but no '{i}' in its name to number the nodes"
+                )
+            gpus = tuple(range(entry.gpus)) if isinstance(entry.gpus, int) else tuple(entry.gpus)
+            slots = entry.slots if entry.slots is not None else max(1, len(gpus))
+            for i in range(entry.count):
+                name = entry.name.replace("{i}", str(i))
+                if name in seen:
+                    raise ValueError(f"{source}: node {name!r} is defined twice")
+                seen.add(name)
+                nodes.append(
+                    NodeSpec(
+                        name=name,
+                        slots=slots,
+                        gpus=gpus,
+                        pool=pool.name,
+                        healthy=entry.healthy,
+                        accelerator=pool.accelerator.lower(),
+                        labels={**pool.labels, **entry.labels},
+                    )
+                )
+    return nodes
+
+
+def _policy(cfg: ClusterFile) -> SchedulerPolicy:
+    quotas = {
+        name: TenantQuota(gpus=t.gpus, slots=t.slots)
+        for name, t in cfg.tenants.items()
+        if name != "*"
+    }
+    star = cfg.tenants.get("*")
+    s = cfg.scheduler
+    return SchedulerPolicy(
+        quotas=quotas,
+        default_quota=TenantQuota(gpus=star.gpus, slots=star.slots) if star else UNLIMITED,
+        weights={name: t.weight for name, t in cfg.tenants.items() if name != "*"},
+        fair_share=s.fair_share,
+        backfill=s.backfill,
+        preemption=s.preemption,
+        preemptor_priorities=frozenset(s.preemptor_priorities),
+        locality_label=s.locality_label,
+        locality_strict=s.locality_strict,
+        aging_s=s.aging_s,
+    )

@@ -1,0 +1,235 @@
+"""What the scheduler remembers between cycles: the free capacity after the running
+jobs, each tenant's usage, and per partition the running jobs ordered by expected
+end. Kept up to date from the (inventory, running) the caller passes each cycle, by
+difference: a cycle costs O(changes + nodes), not O(running jobs).
+
+Pass the same `RunningJob` objects from cycle to cycle where you can: identity is
+the fast path of the difference.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from air_sdk.scheduler.capacity import Alloc, Capacity
+from air_sdk.scheduler.gang import PRIORITY_RANK, NodeSpec
+from air_sdk.scheduler.preemption import OnNode, VictimCandidate, victim_order
+from air_sdk.schema import Placement
+
+_INF = math.inf
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job that holds a placement now.
+
+    `est_end` is when it is expected to end (start + estimate or time limit); None if
+    unknown. `terminating` marks a job whose stop (preemption, cancel) is in flight:
+    its resources are about to be free, so it is not preempted again.
+
+    Example:
+        >>> from air_sdk.schema import NodeAssignment, Placement
+        >>> p = Placement(job_id="a", nodes=(NodeAssignment(node="n0", slots=2, gpus=(0, 1)),))
+        >>> RunningJob(p, tenant="t", priority="low", started_at=0.0).num_gpus
+        2
+    """
+
+    placement: Placement
+    tenant: str = "default"
+    priority: str = "normal"
+    started_at: float = 0.0
+    est_end: float | None = None
+    preemptible: bool = True
+    terminating: bool = False
+
+    @property
+    def job_id(self) -> str:
+        return self.placement.job_id
+
+    @cached_property
+    def num_gpus(self) -> int:
+        return sum(len(a.gpus) for a in self.placement.nodes)
+
+    @cached_property
+    def num_slots(self) -> int:
+        return sum(a.slots for a in self.placement.nodes)
+
+
+def _same(a: RunningJob, b: RunningJob) -> bool:
+    if a is b:
+        return True
+    return (
+        (a.placement is b.placement or a.placement == b.placement)
+        and a.tenant == b.tenant
+        and a.priority == b.priority
+        and a.started_at == b.started_at
+        and a.est_end == b.est_end
+        and a.preemptible == b.preemptible
+        and a.terminating == b.terminating
+    )
+
+
+@dataclass(slots=True)
+class _Held:
+    job: RunningJob
+    allocs: tuple[Alloc, ...]
+    part: int | None
+    end: float
+    victim: VictimCandidate | None
+
+
+@dataclass
+class _PartitionJobs:
+    jobs: dict[str, _Held] = field(default_factory=dict)
+    #: (expected end, -start, job id) of non-terminating jobs, sorted: known ends first,
+    #: then jobs without one, youngest first (with heavy-tailed run times, a job that
+    #: has run longer is likely to run longer still)
+    ends: list[tuple[float, float, str]] = field(default_factory=list)
+    terminating: dict[str, None] = field(default_factory=dict)
+
+
+class ClusterBook:
+    """Capacity and usage after the running jobs, updated by difference each cycle."""
+
+    def __init__(self) -> None:
+        self._inventory: list[NodeSpec] = []
+        self.capacity = Capacity([])
+        self.held: dict[str, _Held] = {}
+        self.parts: list[_PartitionJobs] = []
+        #: per node: the preemptible jobs holding a part of it, with their share of it
+        self.node_victims: list[dict[str, OnNode]] = []
+        #: per node: node_victims in victim order, made when first asked for
+        self._node_order: list[list[OnNode] | None] = []
+        self.used_gpus: dict[str, int] = {}
+        self.used_slots: dict[str, int] = {}
+        #: id() -> the RunningJob objects of the last sync (kept alive so ids stay unique)
+        self._seen: dict[int, RunningJob] = {}
+
+    def sync(self, inventory: Sequence[NodeSpec], running: Sequence[RunningJob]) -> None:
+        inv = list(inventory)
+        if not _same_inventory(inv, self._inventory):
+            self._rebuild(inv, running)
+            return
+        # difference by object identity first (set operations in C), then by job id
+        current = {id(r): r for r in running}
+        seen = self._seen
+        if current.keys() == seen.keys():
+            return
+        held = self.held
+        arrived = {current[k].job_id: current[k] for k in current.keys() - seen.keys()}
+        for k in seen.keys() - current.keys():
+            job_id = seen[k].job_id
+            h = held.get(job_id)
+            if h is None:
+                continue
+            replacement = arrived.get(job_id)
+            if replacement is not None and _same(h.job, replacement):
+                h.job = replacement  # an equal object: nothing changed
+                del arrived[job_id]
+                continue
+            self._remove(job_id)
+        for job_id, r in arrived.items():
+            if job_id in held:
+                self._remove(job_id)
+            self._add(r)
+        self._seen = current
+
+    def _rebuild(self, inventory: list[NodeSpec], running: Sequence[RunningJob]) -> None:
+        self._inventory = inventory
+        self.capacity = Capacity(inventory)
+        self.held = {}
+        self.parts = [_PartitionJobs() for _ in self.capacity.partitions]
+        self.node_victims = [{} for _ in self.capacity.names]
+        self._node_order = [None] * len(self.capacity.names)
+        self.used_gpus = {}
+        self.used_slots = {}
+        for r in running:
+            if r.job_id in self.held:
+                raise ValueError(f"running job {r.job_id!r} appears twice")
+            self._add(r)
+        self._seen = {id(r): r for r in running}
+
+    def _add(self, r: RunningJob) -> None:
+        cap = self.capacity
+        allocs = tuple(cap.allocs_of(r.placement))
+        cap.take(r.placement)
+        part = cap.part_index[allocs[0][0]] if allocs else None
+        end = _INF if r.est_end is None else r.est_end
+        victim = None
+        if r.preemptible and not r.terminating and allocs:
+            victim = VictimCandidate(
+                r.job_id, PRIORITY_RANK.get(r.priority, 1), r.started_at, allocs
+            )
+        h = _Held(r, allocs, part, end, victim)
+        self.held[r.job_id] = h
+        if victim is not None:
+            for i, rs, rg in allocs:
+                self.node_victims[i][r.job_id] = (victim, rs, rg)
+                self._node_order[i] = None
+        t = r.tenant
+        self.used_gpus[t] = self.used_gpus.get(t, 0) + r.num_gpus
+        self.used_slots[t] = self.used_slots.get(t, 0) + r.num_slots
+        if part is not None:
+            pj = self.parts[part]
+            pj.jobs[r.job_id] = h
+            if r.terminating:
+                pj.terminating[r.job_id] = None
+            else:
+                insort(pj.ends, (end, -r.started_at, r.job_id))
+
+    def _remove(self, job_id: str) -> None:
+        h = self.held.pop(job_id)
+        r = h.job
+        self.capacity.give_back(r.placement)
+        if h.victim is not None:
+            for i, _, _ in h.allocs:
+                self.node_victims[i].pop(job_id, None)
+                self._node_order[i] = None
+        t = r.tenant
+        self.used_gpus[t] -= r.num_gpus
+        self.used_slots[t] -= r.num_slots
+        if h.part is not None:
+            pj = self.parts[h.part]
+            del pj.jobs[job_id]
+            if r.terminating:
+                del pj.terminating[job_id]
+            else:
+                del pj.ends[bisect_left(pj.ends, (h.end, -r.started_at, job_id))]
+
+    # -- per-partition views for a cycle ------------------------------------------------------
+
+    def releases(self, part: int, now: float) -> Iterator[tuple[float, float, tuple[Alloc, ...]]]:
+        """(time, -start, allocations) as running jobs are expected to free them, earliest
+        first (time inf: unknown, youngest first); terminating jobs free theirs now."""
+        pj = self.parts[part]
+        held = self.held
+        for job_id in sorted(pj.terminating):
+            yield now, -now, held[job_id].allocs
+        for end, age_key, job_id in pj.ends:
+            yield (end if end > now else now), age_key, held[job_id].allocs
+
+    def victims_on(self, node: int) -> list[OnNode]:
+        """The preemptible jobs on `node` in victim order (lowest priority, youngest)."""
+        order = self._node_order[node]
+        if order is None:
+            order = self._node_order[node] = sorted(
+                self.node_victims[node].values(), key=lambda e: victim_order(e[0])
+            )
+        return order
+
+    def terminating(self, part: int) -> list[tuple[str, tuple[Alloc, ...]]]:
+        pj = self.parts[part]
+        return [(j, self.held[j].allocs) for j in sorted(pj.terminating)]
+
+
+def _same_inventory(a: list[NodeSpec], b: list[NodeSpec]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):  # noqa: SIM110 (identity first, then equality)
+        if x is not y and x != y:
+            return False
+    return True
