@@ -161,7 +161,7 @@ class JobController:
         rank exited 0: SUCCEEDED. One failed: the usual failure path. Nothing to go
         by: relaunch, not charged to the restart budget."""
         exits = self._rank_exits()
-        if self._all_ranks_succeeded():
+        if self._all_ok(exits):
             self._end_attempt("succeeded")
             self._move(JobState.SUCCEEDED, "every rank exited 0 (seen after a gateway restart)")
         elif any(not e.ok for _, e in exits.values()):
@@ -245,7 +245,8 @@ class JobController:
     def _watch(self) -> None:
         assert self.handle is not None
         nodes = self.backend.poll(self.handle)
-        if (nodes and all(n.exit_code == 0 for n in nodes)) or self._all_ranks_succeeded():
+        exits = self._rank_exits()  # read once per tick: both checks below use it
+        if (nodes and all(n.exit_code == 0 for n in nodes)) or self._all_ok(exits):
             # The ranks' work is done; launchers leave their exit barrier on their own
             # within a second or so (a SIGTERM there can hang one on a dead store). The
             # job ends only once nothing of it runs: a terminal state frees its slots.
@@ -255,7 +256,9 @@ class JobController:
             self._end_attempt("succeeded")
             self._move(JobState.SUCCEEDED, "every rank exited 0")
             return
-        if any(n.exit_code not in (None, 0) for n in nodes) or self._a_rank_failed():
+        if any(n.exit_code not in (None, 0) for n in nodes) or any(
+            not e.ok for _, e in exits.values()
+        ):
             # A rank's supervisor records its death at once; waiting for its launcher to
             # notice and stop its node's other ranks would cost a second or more.
             self._on_failure(nodes)
@@ -408,11 +411,7 @@ class JobController:
 
     # -- reading what workers left -----------------------------------------------------------
 
-    def _a_rank_failed(self) -> bool:
-        return any(not e.ok for _, e in self._rank_exits().values())
-
-    def _all_ranks_succeeded(self) -> bool:
-        exits = self._rank_exits()
+    def _all_ok(self, exits: dict[int, tuple[float, RankExit]]) -> bool:
         return len(exits) >= self.spec.resources.world_size and all(e.ok for _, e in exits.values())
 
     def _all_ranks_reported(self) -> bool:
