@@ -32,6 +32,25 @@ QUIET_ENV = {
 }
 
 
+def c10d_agent_cmd(port: int, rdzv_id: str, max_restarts: int, *script: str) -> list[str]:
+    """One bare torchrun c10d agent on 127.0.0.1, started the way AIR's local backend
+    starts its agents; run it once per node (the peer in the restart benchmarks)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={rdzv_id}",
+        "--local-addr=127.0.0.1",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.1",
+        *script,
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     QUIET_ENV,
     air_gateway,
+    c10d_agent_cmd,
     fmt,
     free_port,
     header,
@@ -168,22 +169,7 @@ def run_torchrun(src: Path, args, every: int) -> dict:
     ckpt = Path(tempfile.mkdtemp(prefix="air-bench-goodput-torchrun-"))
     port = free_port()
     env = {**os.environ, **QUIET_ENV, "BENCH_MARKER": marker}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id={marker}",
-        "--local-addr=127.0.0.1",
-        "--max-restarts=100",
-        "--monitor-interval=0.1",
-        "train.py",
-        str(ckpt),
-        str(every),
-    ]
+    cmd = c10d_agent_cmd(port, marker, 100, "train.py", str(ckpt), str(every))
     start = time.time()
     procs = [
         subprocess.Popen(

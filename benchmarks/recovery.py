@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     QUIET_ENV,
     air_gateway,
+    c10d_agent_cmd,
     fmt,
     free_port,
     header,
@@ -176,21 +177,7 @@ def run_torchrun(src: Path) -> dict:
     ckpt = Path(tempfile.mkdtemp(prefix="air-bench-recovery-torchrun-"))
     port = free_port()
     env = {**os.environ, **QUIET_ENV, "BENCH_MARKER": marker}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id={marker}",
-        "--local-addr=127.0.0.1",
-        "--max-restarts=3",
-        "--monitor-interval=0.1",
-        "train.py",
-        str(ckpt),
-    ]
+    cmd = c10d_agent_cmd(port, marker, 3, "train.py", str(ckpt))
     procs = [
         subprocess.Popen(
             cmd, cwd=src, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
