@@ -84,6 +84,30 @@ def start(
             help="Browser origin allowed to call the API (repeat); none by default.",
         ),
     ] = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            metavar="FILE",
+            help="Cluster TOML: pools, tenant quotas and weights, scheduler switches"
+            " (docs/scheduling.md).",
+        ),
+    ] = None,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="Where jobs run: 'local' (this machine) or 'ray' (a Ray cluster,"
+            " docs/scaling-out.md)."
+        ),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ADDRESS",
+            help="Ray cluster to join with --backend ray (default: $RAY_ADDRESS).",
+        ),
+    ] = None,
 ) -> None:
     """Start a gateway; it writes the client config, so `air submit` works right away."""
     from air_sdk.gateway.server import GatewayOptions, serve, start_detached
@@ -99,6 +123,9 @@ def start(
         insecure_bind=insecure_bind,
         allowed_hosts=tuple(allow_host or ()),
         cors_origins=tuple(cors_origin or ()),
+        cluster_file=cluster,
+        backend=backend,
+        ray_address=ray_address,
     )
     if not detach:
         try:

@@ -161,8 +161,11 @@ def status_text(record: JobRecord, snapshot: JobSnapshot | None) -> Group:
         parts.append(Text(f"reason: {record.state_reason}"))
     restarts = f" ({record.num_restarts} restarts)" if record.num_restarts else ""
     parts.append(Text(f"attempt: {record.attempt}{restarts}"))
-    if record.queue_position is not None and record.state is JobState.QUEUED:
-        parts.append(Text(f"queue position: {record.queue_position}"))
+    if record.state is JobState.QUEUED:
+        if record.queue_position is not None:
+            parts.append(Text(f"queue position: {record.queue_position}"))
+        if record.queue_reason:
+            parts.append(Text(f"waiting: {record.queue_reason}"))
     if snapshot is not None and snapshot.step is not None:
         parts.append(Text(progress_metrics(snapshot)))
     if record.cancel_requested and not record.state.terminal:

@@ -31,7 +31,7 @@ from air_sdk.gateway.app import (
 )
 from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
-from air_sdk.runner.service import job_request
+from air_sdk.runner.service import spec_request
 from air_sdk.scheduler import fits_ever
 from air_sdk.schema import (
     AttemptList,
@@ -97,10 +97,15 @@ def _public(job: JobRecord) -> JobRecord:
 
 
 def _with_queue_position(ctx: CtxDep, job: JobRecord) -> JobRecord:
+    """A queued job with why it waits and its place in its pool's line, as the last
+    scheduling cycle saw it (before its first cycle: its place in submit order)."""
     job = _public(job)
     if job.state is not JobState.QUEUED:
         return job
-    return job.model_copy(update={"queue_position": ctx.store.queue_position(job.id)})
+    reason, position = ctx.runner.queue_info(job.id)
+    if reason is None and position is None:
+        position = ctx.store.queue_position(job.id)
+    return job.model_copy(update={"queue_position": position, "queue_reason": reason})
 
 
 def _sha_or_400(sha256: str) -> str:
@@ -193,7 +198,7 @@ def submit(
         raise HTTPException(
             400, f"bundle {spec.bundle_sha256} was not uploaded: PUT it to /v1/bundles first"
         )
-    never = fits_ever(job_request("new", spec), ctx.runner.backend.inventory())
+    never = fits_ever(spec_request("new", spec), ctx.runner.backend.inventory())
     if never is not None:
         raise HTTPException(400, never)
     try:

@@ -36,6 +36,8 @@ from air_sdk.gateway.options import RequestLimits, SecurityOptions, check_bind, 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from air_sdk.runner.backends.base import Backend
+    from air_sdk.scheduler import ClusterConfig
     from air_sdk.store import SqliteStore
 
 TOKEN_FILE = "token"
@@ -71,6 +73,13 @@ class GatewayOptions:
     cors_origins: tuple[str, ...] = ()
     #: body caps and rate limits (users, workers, anonymous callers)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    #: cluster TOML (docs/scheduling.md): pools of nodes, tenant quotas and weights,
+    #: scheduler switches; None: this machine's virtual nodes and the default policy
+    cluster_file: Path | None = None
+    #: where jobs run: "local" (torchrun agents on this machine) or "ray"
+    backend: str = "local"
+    #: the Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None: $RAY_ADDRESS
+    ray_address: str | None = None
 
     @property
     def url(self) -> str:
@@ -120,7 +129,7 @@ def _ensure_token(store: SqliteStore, home: Path) -> str:
 def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     """The app and its parts, without serving (tests and `serve` use this)."""
     from air_sdk.gateway.app import GatewayContext, create_app
-    from air_sdk.runner import LocalBackend, Runner
+    from air_sdk.runner import Runner
     from air_sdk.store import SqliteStore
 
     check_bind(
@@ -130,12 +139,54 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     store = SqliteStore(opts.home / "air.db")
     token = _ensure_token(store, opts.home)
-    backend = LocalBackend(opts.num_nodes, opts.slots_per_node)
-    runner = Runner(store, backend, opts.home, opts.worker_url)
+    cluster = load_cluster(opts.cluster_file)
+    backend = make_backend(opts, cluster)
+    runner = Runner(
+        store,
+        backend,
+        opts.home,
+        opts.worker_url,
+        policy=cluster.policy if cluster is not None else None,
+    )
     app = create_app(
         GatewayContext(store=store, runner=runner, home=opts.home), security=opts.security
     )
     return app, token
+
+
+def load_cluster(path: Path | None) -> ClusterConfig | None:
+    """The cluster file's pools and policy; errors name the file and the field."""
+    if path is None:
+        return None
+    from air_sdk.scheduler import load_cluster_config
+
+    try:
+        return load_cluster_config(path)
+    except OSError as exc:
+        raise AirError(f"cannot read the cluster file {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise AirError(str(exc)) from exc
+
+
+def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> Backend:
+    """The backend `opts` names. The local backend runs the cluster file's pools as
+    virtual nodes of this machine when it has any; on Ray the inventory is the Ray
+    cluster's nodes."""
+    pools = cluster.inventory if cluster is not None else []
+    if opts.backend == "local":
+        from air_sdk.runner import LocalBackend
+
+        return LocalBackend(opts.num_nodes, opts.slots_per_node, nodes=pools or None)
+    if opts.backend == "ray":
+        if pools:
+            raise AirError(
+                f"{opts.cluster_file}: with --backend ray the nodes come from the Ray cluster;"
+                " remove the [[pools]] tables (keep [tenants] and [scheduler])"
+            )
+        from air_sdk.runner.backends.ray import RayBackend
+
+        return RayBackend(address=opts.ray_address)
+    raise AirError(f"unknown backend {opts.backend!r}: use 'local' or 'ray'")
 
 
 def serve(opts: GatewayOptions) -> None:
@@ -238,6 +289,14 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
         cmd += ["--cors-origin", origin]
     if opts.limits != RequestLimits():
         cmd += ["--limits-json", opts.limits.to_json()]
+    if opts.cluster_file is not None:
+        cmd += ["--cluster", str(Path(opts.cluster_file).resolve())]
+    if opts.backend != "local":
+        cmd += ["--backend", opts.backend]
+    if opts.ray_address:
+        cmd += ["--ray-address", opts.ray_address]
+    # Refuse bad files here, with the message, rather than in a child that exits at once.
+    load_cluster(opts.cluster_file)
     # Refuse here, with the message, rather than in a child that exits at once.
     check_bind(
         opts.host, tls_cert=opts.tls_cert, tls_key=opts.tls_key, insecure_bind=opts.insecure_bind
@@ -313,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--allow-host", action="append", default=[])
     p.add_argument("--cors-origin", action="append", default=[])
     p.add_argument("--limits-json", default=None)
+    p.add_argument("--cluster", type=Path, default=None)
+    p.add_argument("--backend", choices=("local", "ray"), default="local")
+    p.add_argument("--ray-address", default=None)
     a = p.parse_args(argv)
     serve(
         GatewayOptions(
@@ -328,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
             allowed_hosts=tuple(a.allow_host),
             cors_origins=tuple(a.cors_origin),
             limits=RequestLimits.from_json(a.limits_json) if a.limits_json else RequestLimits(),
+            cluster_file=a.cluster,
+            backend=a.backend,
+            ray_address=a.ray_address,
         )
     )
 

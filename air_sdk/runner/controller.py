@@ -112,6 +112,10 @@ class JobController:
         self.attempt = job.attempt
         self.attempt_started = 0.0
         self.job_started = time.monotonic()
+        #: wall time this controller took the placement (the scheduler's start time)
+        self.scheduled_at = time.time()
+        #: set by the runner (another thread) when the scheduler preempts this job
+        self._preempt_reason: str | None = None
         #: set when the job went back to the queue (e.g. a node of its placement became
         #: unhealthy): this controller is done, a new one will run the next placement
         self.released = False
@@ -131,6 +135,20 @@ class JobController:
         """Nothing left for this controller to do (the job ended or was requeued)."""
         return self.done or self.released
 
+    @property
+    def stopping(self) -> bool:
+        """A preemption of this job is in flight: its placement is about to be free."""
+        return self._preempt_reason is not None
+
+    def preempt(self, reason: str) -> bool:
+        """Ask (from any thread) for this job to be preempted: its ranks get SIGTERM and
+        `failure.preemption_grace_s` to save a checkpoint, then it goes back to the
+        queue, not charged to its restart budget. False if it is ending anyway."""
+        if self.finished or self._preempt_reason is not None:
+            return False
+        self._preempt_reason = reason
+        return True
+
     # -- the loop ------------------------------------------------------------------------
 
     def step(self) -> tuple[JobState, JobState]:
@@ -143,6 +161,9 @@ class JobController:
             return previous, self.state
         if job.cancel_requested:
             self._cancel()
+            return previous, self.state
+        if self._preempt_reason is not None:
+            self._preempt(self._preempt_reason)
             return previous, self.state
         if self.state in (JobState.SCHEDULED, JobState.RESTARTING):
             self._launch()
@@ -203,6 +224,22 @@ class JobController:
         self._teardown()
         self._end_attempt("cancelled by user")
         self._move(JobState.CANCELLED, "cancelled by user")
+
+    def _preempt(self, reason: str) -> None:
+        """Stop the attempt gracefully (SIGTERM, the job's preemption grace to save a
+        checkpoint, then SIGKILL) and requeue the job with its first submit time."""
+        grace = self.spec.failure.preemption_grace_s
+        self._teardown(grace_s=grace)
+        job = self.store.get_job(self.job_id)
+        if job is not None and job.cancel_requested:  # cancelled during the grace period
+            self._cancel()
+            return
+        failure = FailureInfo(attempt=self.attempt, kind="preempted", reason=reason, charged=False)
+        if self.state in (JobState.STARTING, JobState.RUNNING):
+            self._end_attempt(failure.reason, failure)
+            self._move(JobState.RESTARTING, failure.reason, failure, charged=False)
+        self._move(JobState.QUEUED, f"{reason}; waiting for a placement again")
+        self.released = True
 
     def _launch(self) -> None:
         try:

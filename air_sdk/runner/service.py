@@ -1,8 +1,11 @@
 """The runner: turns queued jobs into placements and keeps one controller per job.
 
-One scheduling thread asks the (pure) scheduler which queued jobs start now
+One scheduling thread asks the (pure) scheduler (`SchedulerState.decide`:
+priorities, quotas, fair share, backfill, preemption) which queued jobs start now
 and starts a controller thread for each; a controller's placement is held until
-its job ends. The runner reads and writes only the store, never HTTP.
+its job ends or goes back to the queue. Preemptions are handed to the victim's
+controller, which stops it gracefully and requeues it. The runner reads and
+writes only the store, never HTTP.
 """
 
 from __future__ import annotations
@@ -11,12 +14,20 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from air_sdk.runner.backends.base import Backend
 from air_sdk.runner.controller import JobController, JobPaths
 from air_sdk.runner.policy import NodeHealthPolicy
-from air_sdk.scheduler import JobRequest, NodeSpec, fits_ever, schedule_fifo
+from air_sdk.scheduler import (
+    JobRequest,
+    NodeSpec,
+    RunningJob,
+    SchedulerPolicy,
+    SchedulerState,
+    fits_ever,
+)
 from air_sdk.schema import EventType, FailureInfo, JobRecord, JobSpec, JobState, Placement
 from air_sdk.store import SqliteStore
 from air_sdk.store.sqlite import ACTIVE_STATES
@@ -24,7 +35,11 @@ from air_sdk.store.sqlite import ACTIVE_STATES
 log = logging.getLogger(__name__)
 
 
-def job_request(job_id: str, spec: JobSpec) -> JobRequest:
+def spec_request(
+    job_id: str, spec: JobSpec, *, tenant: str = "default", submitted_at: float = 0.0
+) -> JobRequest:
+    """What the scheduler needs of a job. A time limit is the best estimate of how long
+    it runs (it never runs longer), so backfill can use it."""
     r = spec.resources
     return JobRequest(
         job_id=job_id,
@@ -32,7 +47,17 @@ def job_request(job_id: str, spec: JobSpec) -> JobRequest:
         slots_per_node=r.ranks_per_node,
         gpus_per_node=r.gpus_per_node,
         pool=spec.pool,
+        tenant=tenant,
+        priority=spec.priority,
+        submitted_at=submitted_at,
+        est_duration_s=spec.timeout_s,
     )
+
+
+def job_request(job: JobRecord) -> JobRequest:
+    """A queued job's request; a requeued (e.g. preempted) job keeps its first submit
+    time, so it is first in line again among its peers."""
+    return spec_request(job.id, job.spec, tenant=job.tenant, submitted_at=job.created_at)
 
 
 class Runner:
@@ -52,6 +77,7 @@ class Runner:
         *,
         tick_s: float = 0.1,
         node_health: NodeHealthPolicy | None = None,
+        policy: SchedulerPolicy | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -59,6 +85,14 @@ class Runner:
         self.gateway_url = gateway_url
         self.tick_s = tick_s
         self.node_health = node_health or NodeHealthPolicy()
+        self.policy = policy or SchedulerPolicy()
+        self._sched = SchedulerState()
+        #: the scheduler's view of each job holding a placement, kept between cycles
+        #: (SchedulerState diffs by identity first)
+        self._running: dict[str, RunningJob] = {}
+        #: why each queued job waits and its place in its pool's line, from the last cycle
+        self._explanations: Mapping[str, str] = {}
+        self._positions: dict[str, int] = {}
         self._controllers: dict[str, JobController] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -103,6 +137,12 @@ class Runner:
         with self._lock:
             return [c.placement for c in self._controllers.values()]
 
+    def queue_info(self, job_id: str) -> tuple[str | None, int | None]:
+        """Why a queued job waits and its position in its pool's line (1: next), as of
+        the last scheduling cycle; (None, None) for a job the scheduler has not seen
+        waiting."""
+        return self._explanations.get(job_id), self._positions.get(job_id)
+
     # -- loop ----------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -115,31 +155,36 @@ class Runner:
             self._wake.clear()
 
     def schedule_once(self) -> list[str]:
-        """One scheduling cycle; returns the ids of the jobs it started."""
+        """One scheduling cycle: ask the scheduler which queued jobs start where and
+        which running jobs to preempt, and carry it out. Returns the ids started."""
         with self._lock:
             for job_id in [j for j, t in self._threads.items() if not t.is_alive()]:
                 del self._threads[job_id]
                 del self._controllers[job_id]
+            live = set(self._controllers)
         queued = self.store.list_jobs(states=(JobState.QUEUED,), oldest_first=True, limit=10_000)
-        inventory = self.inventory()
         everything = self.backend.inventory()
         requests = []
         for job in queued:
-            req = job_request(job.id, job.spec)
+            if job.id in live:
+                continue  # its old controller is still letting go of its placement
+            req = job_request(job)
             never = fits_ever(req, everything)
             if never is not None:
                 self.store.transition(
                     job.id,
                     JobState.FAILED,
                     never,
-                    failure=FailureInfo(attempt=0, reason=never),
+                    failure=FailureInfo(attempt=job.attempt, reason=never),
                     expect=(JobState.QUEUED,),
                 )
                 continue
             requests.append(req)
-        placements = schedule_fifo(requests, inventory, self.held_placements())
+        decision = self._sched.decide(
+            requests, self.inventory(), self._running_jobs(), self.policy, time.time()
+        )
         started = []
-        for placement in placements:
+        for placement in decision.placements:
             scheduled = self.store.transition(
                 placement.job_id,
                 JobState.SCHEDULED,
@@ -150,7 +195,42 @@ class Runner:
                 continue  # cancelled meanwhile
             self._start_controller(self._controller(scheduled, placement))
             started.append(scheduled.id)
+        for p in decision.preemptions:
+            with self._lock:
+                victim = self._controllers.get(p.victim_job_id)
+            if victim is not None and victim.preempt(p.reason):
+                log.info("preempting %s for %s: %s", p.victim_job_id, p.for_job_id, p.reason)
+        self._explanations = decision.explanations
+        self._positions = decision.positions
         return started
+
+    def _running_jobs(self) -> list[RunningJob]:
+        """The scheduler's view of every job holding a placement. An unchanged job keeps
+        its RunningJob object from cycle to cycle."""
+        with self._lock:
+            controllers = dict(self._controllers)
+        running: dict[str, RunningJob] = {}
+        for job_id, ctl in controllers.items():
+            old = self._running.get(job_id)
+            terminating = ctl.stopping
+            if (
+                old is not None
+                and old.placement is ctl.placement
+                and old.terminating == terminating
+            ):
+                running[job_id] = old
+                continue
+            limit = ctl.spec.timeout_s
+            running[job_id] = RunningJob(
+                ctl.placement,
+                tenant=ctl.tenant,
+                priority=ctl.spec.priority,
+                started_at=ctl.scheduled_at,
+                est_end=ctl.scheduled_at + limit if limit is not None else None,
+                terminating=terminating,
+            )
+        self._running = running
+        return list(running.values())
 
     def _controller(self, job: JobRecord, placement: Placement) -> JobController:
         return JobController(

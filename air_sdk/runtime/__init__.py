@@ -15,6 +15,7 @@ air.shutdown()                        # commit a save in flight, flush, destroy 
 
 Checkpoints: `air.checkpoint.save(state, step=...)`, `step = air.checkpoint.load(state)`
 (see `air_sdk.runtime.checkpoint`); exact data resume: `air.resumable_loader(...)`.
+Graceful preemption: `if air.should_stop(): air.checkpoint.save(...); air.exit_stopped()`.
 
 Without the `AIR_*` env (a script run by hand or by bare torchrun) nothing is
 posted: `log()` only keeps the latest values. Importing this package does not
@@ -32,17 +33,20 @@ __all__ = [
     "StatefulDistributedSampler",
     "checkpoint",
     "context",
+    "exit_stopped",
     "flush",
     "heartbeat",
     "init",
     "is_main",
     "log",
     "resumable_loader",
+    "should_stop",
     "shutdown",
 ]
 
 _LAZY = frozenset({"flush", "heartbeat", "init", "is_main", "log", "shutdown"})
 _LAZY_DATA = frozenset({"StatefulDistributedSampler", "resumable_loader"})
+_LAZY_STOP = frozenset({"exit_stopped", "should_stop"})
 
 
 def __getattr__(name: str) -> Any:
@@ -59,6 +63,12 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("air_sdk.runtime.checkpoint")
+    if name in _LAZY_STOP:
+        from air_sdk.runtime import _stop
+
+        value = getattr(_stop, name)
+        globals()[name] = value
+        return value
     if name in _LAZY_DATA:  # imports torch
         from air_sdk.runtime import data
 

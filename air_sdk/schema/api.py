@@ -101,7 +101,11 @@ class JobRecord(_Wire):
     charged_restarts: int = 0
     failure: FailureInfo | None = None
     cancel_requested: bool = False
+    #: a queued job's place in its pool's line (1: next to start there)
     queue_position: int | None = None
+    #: why a queued job waits: quota, no such pool or accelerator, gang does not fit,
+    #: behind N jobs, held for a backfill reservation, preempting ...
+    queue_reason: str | None = None
     #: productive training time / wall time, from the attempts' progress and checkpoints
     goodput: float | None = None
 

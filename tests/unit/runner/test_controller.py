@@ -348,3 +348,53 @@ def test_the_rank_that_died_first_is_blamed_even_if_its_record_came_later(store,
     assert ctl.step() == (JobState.STARTING, JobState.RESTARTING)
     failure = store.get_job(ctl.job_id).failure
     assert (failure.rank, failure.kind) == (1, "preempted")
+
+
+def test_scheduler_preemption_stops_gracefully_and_requeues_uncharged(store, tmp_path):
+    ctl, backend = make(store, tmp_path, max_restarts=0, failure={"preemption_grace_s": 7})
+    graces = []
+    terminate = backend.terminate
+    backend.terminate = lambda h, grace_s, wait_first_s=0.0: (
+        graces.append(grace_s),
+        terminate(h, grace_s, wait_first_s),
+    )
+    ctl.step()
+    rank_up(store, ctl, 0)
+    rank_up(store, ctl, 1)
+    ctl.step()
+    assert ctl.state is JobState.RUNNING
+    assert ctl.preempt("preempted for high-priority job hi-1") is True
+    assert ctl.stopping and ctl.preempt("again") is False  # one preemption at a time
+    ctl.step()
+    job = store.get_job(ctl.job_id)
+    assert job.state is JobState.QUEUED and ctl.released and ctl.finished
+    assert "hi-1" in job.state_reason
+    assert (job.num_restarts, job.charged_restarts) == (1, 0)
+    assert graces == [7]  # the job's own grace to checkpoint, not the failure teardown's
+    attempt = store.list_attempts(ctl.job_id)[0]
+    assert attempt.failure.kind == "preempted" and not attempt.failure.charged
+    states = [e.data["state"] for e in store.read_events(ctl.job_id, types=(EventType.STATE,))]
+    assert states[-2:] == ["RESTARTING", "QUEUED"]
+
+
+def test_preemption_before_launch_just_requeues(store, tmp_path):
+    ctl, backend = make(store, tmp_path)
+    assert ctl.preempt("room needed") is True
+    ctl.step()
+    assert store.get_job(ctl.job_id).state is JobState.QUEUED
+    assert backend.launches == [] and store.list_attempts(ctl.job_id) == []
+
+
+def test_cancel_during_the_preemption_grace_ends_the_job(store, tmp_path):
+    ctl, backend = make(store, tmp_path)
+    ctl.step()
+    terminate = backend.terminate
+
+    def cancel_while_stopping(h, grace_s, wait_first_s=0.0):
+        store.request_cancel(ctl.job_id)
+        terminate(h, grace_s, wait_first_s)
+
+    backend.terminate = cancel_while_stopping
+    ctl.preempt("room needed")
+    ctl.step()
+    assert store.get_job(ctl.job_id).state is JobState.CANCELLED and ctl.done
