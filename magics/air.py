@@ -54,6 +54,8 @@ _OPTION_COMMANDS: dict[str, tuple[str, ...]] = {
     "max_restarts": ("train",),
     "checkpoint_every": ("train",),
     "pool": ("train",),
+    "priority": ("train",),
+    "accelerator": ("train",),
     "env": ("train",),
     "files": ("train",),
     "workdir": ("train",),
@@ -185,7 +187,19 @@ class AirMagics(Magics):
         metavar="STEPS",
         help="Checkpoint interval handed to the runtime (spec.checkpoint.every_steps).",
     )
-    @argument("--pool", metavar="POOL", help="Node pool to run in (default 'default').")
+    @argument(
+        "--pool",
+        metavar="POOL",
+        help="Node pool to run in (default 'default'; 'any': the scheduler chooses).",
+    )
+    @argument(
+        "--priority",
+        choices=("low", "normal", "high"),
+        help="Priority class (default normal); high may preempt lower-priority jobs.",
+    )
+    @argument(
+        "--accelerator", metavar="TYPE", help="Accelerator type: a100, h100, cpu; gpu for any GPU."
+    )
     @argument(
         "--env",
         "-e",
@@ -456,7 +470,10 @@ def _spec_fields(args: argparse.Namespace) -> dict[str, Any]:
         },
         "max_restarts": args.max_restarts or 0,
         "pool": args.pool or "default",
+        "priority": args.priority or "normal",
     }
+    if args.accelerator:
+        fields["accelerator"] = args.accelerator
     if args.checkpoint_every is not None:
         fields["checkpoint"] = {"every_steps": args.checkpoint_every}
     return fields

@@ -13,6 +13,7 @@ its inputs must change, 1 otherwise.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -31,6 +32,15 @@ from air_sdk.cli._common import (
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.gateway import gateway_app
 from air_sdk.schema.state import JobState
+
+
+class Priority(str, Enum):
+    """Priority classes, for typer's choices."""
+
+    low = "low"
+    normal = "normal"
+    high = "high"
+
 
 if TYPE_CHECKING:
     from air_sdk.client import Client
@@ -121,7 +131,17 @@ def submit(
             exists=True, file_okay=False, help="Directory to bundle (default: cwd or the script's)."
         ),
     ] = None,
-    pool: Annotated[str, typer.Option(help="Node pool to run in.")] = "default",
+    pool: Annotated[
+        str, typer.Option(help="Node pool to run in; 'any' lets the scheduler choose.")
+    ] = "default",
+    priority: Annotated[
+        Priority,
+        typer.Option(case_sensitive=False, help="low, normal or high (high may preempt lower)."),
+    ] = Priority.normal,
+    accelerator: Annotated[
+        str | None,
+        typer.Option(metavar="TYPE", help="Accelerator type (a100, h100, cpu; gpu: any GPU)."),
+    ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")
     ] = False,
@@ -144,6 +164,8 @@ def submit(
         max_restarts=max_restarts,
         workdir=workdir,
         pool=pool,
+        priority=priority.value,
+        accelerator=accelerator,
     )
     typer.echo(job.id)
     if not follow:

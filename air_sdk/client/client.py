@@ -243,6 +243,8 @@ class Client:
         max_restarts: int = 0,
         workdir: str | Path | None = None,
         pool: str = "default",
+        priority: str = "normal",
+        accelerator: str | None = None,
     ) -> Job:
         """Run a torchrun-style script on `nodes` x `procs_per_node` ranks.
 
@@ -279,6 +281,8 @@ class Client:
             },
             max_restarts=max_restarts,
             pool=pool,
+            priority=priority,
+            accelerator=accelerator,
         )
         return self.submit(spec, workdir=root)
 

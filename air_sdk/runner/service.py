@@ -47,6 +47,7 @@ def spec_request(
         slots_per_node=r.ranks_per_node,
         gpus_per_node=r.gpus_per_node,
         pool=spec.pool,
+        accelerator=spec.accelerator,
         tenant=tenant,
         priority=spec.priority,
         submitted_at=submitted_at,
@@ -117,6 +118,7 @@ class Runner:
             threads = list(self._threads.values())
         for t in threads:
             t.join(timeout_s)
+        getattr(self.backend, "close", lambda: None)()  # idle warm agents; jobs keep running
 
     def wake(self) -> None:
         """Schedule now (called after a submit or cancel) instead of at the next tick."""

@@ -198,9 +198,9 @@ def fits_ever(request: JobRequest, inventory: Sequence[NodeSpec]) -> str | None:
     matching = [n for n in inventory if node_matches(request, n)]
     if not matching:
         kinds = sorted({n.accelerator for n in inventory if request.pool in (ANY_POOL, n.pool)})
-        where = "no pool" if request.pool == ANY_POOL else f"pool {request.pool!r}"
+        where = "no pool has" if request.pool == ANY_POOL else f"pool {request.pool!r} has no"
         return (
-            f"{where} has {request.accelerator!r} nodes; accelerators here: "
+            f"{where} {request.accelerator!r} nodes; accelerators here: "
             f"{', '.join(kinds) or 'none'}"
         )
     groups: dict[tuple[str, str], list[NodeSpec]] = {}

@@ -142,7 +142,15 @@ class JobSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict, description="Extra env for every rank.")
     resources: Resources = Field(default_factory=Resources)
     pool: str = Field("default", description="Pool to run in; 'any' lets the scheduler choose.")
-    priority: Priority = "normal"
+    accelerator: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$",
+        description="Accelerator type to run on ('a100', 'h100', 'cpu'; 'gpu': any GPU);"
+        " None: whatever the pool has.",
+    )
+    priority: Priority = Field(
+        "normal", description="low, normal or high; high may preempt lower classes."
+    )
     max_restarts: int = Field(0, ge=0, le=1000, description="Relaunches after a failure.")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit of the whole job.")
     startup_timeout_s: float = Field(

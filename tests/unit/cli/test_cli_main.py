@@ -244,6 +244,20 @@ def test_submit_prints_the_job_id_and_passes_args(gateway: FakeGateway, script: 
     assert spec.entrypoint == "train.py" and spec.bundle_sha256
 
 
+def test_submit_passes_priority_pool_and_accelerator(gateway: FakeGateway, script: Path) -> None:
+    flags = ["--priority", "high", "--pool", "any", "--accelerator", "a100"]
+    result = invoke("submit", str(script), *flags)
+    assert result.exit_code == 0, result.output
+    spec = gateway.records["j-1"].spec
+    assert (spec.priority, spec.pool, spec.accelerator) == ("high", "any", "a100")
+
+
+def test_submit_refuses_an_unknown_priority(gateway: FakeGateway, script: Path) -> None:
+    result = invoke("submit", str(script), "--priority", "urgent")
+    assert result.exit_code != 0
+    assert "urgent" in result.output and gateway.records == {}
+
+
 @pytest.mark.parametrize(("final", "code"), [(JobState.SUCCEEDED, 0), (JobState.FAILED, 1)])
 def test_submit_follow_exit_code_follows_the_job(
     gateway: FakeGateway, script: Path, final: JobState, code: int
@@ -285,6 +299,15 @@ def test_status_json_is_the_job_record(gateway: FakeGateway) -> None:
     result = invoke("status", "j-1", "--json")
     assert result.exit_code == 0, result.output
     assert JobRecord.model_validate(json.loads(result.stdout)) == gateway.records["j-1"]
+
+
+def test_status_of_a_queued_job_says_why_it_waits_and_where(gateway: FakeGateway) -> None:
+    why = "over quota: tenant 't' uses 8 of its 8 GPUs; this job needs 8 more"
+    gateway.add_job("j-1", JobState.QUEUED, queue_position=3, queue_reason=why)
+    result = invoke("status", "j-1")
+    assert result.exit_code == 0, result.output
+    assert "queue position: 3" in result.stdout
+    assert f"waiting: {why}" in " ".join(result.stdout.split())
 
 
 def test_status_of_a_failure_names_rank_exit_code_and_tail(gateway: FakeGateway) -> None:

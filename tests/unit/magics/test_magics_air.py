@@ -173,6 +173,8 @@ def test_help_lists_every_command_and_option(shell, capsys):
         "--max-restarts",
         "--checkpoint-every",
         "--pool",
+        "--priority",
+        "--accelerator",
         "--env",
         "--files",
         "--gateway",
@@ -222,6 +224,7 @@ def test_train_submits_the_cell_with_the_options_and_returns_at_once(shell, fake
     line = (
         "train --nodes 2 --procs-per-node 3 --name mnist-nb --max-restarts 2"
         " --checkpoint-every 50 --pool gpu -e LR=0.1 --env MODE=fast --total-steps 200"
+        " --priority high --accelerator h100"
     )
 
     result = air(shell, line, cell)
@@ -234,6 +237,7 @@ def test_train_submits_the_cell_with_the_options_and_returns_at_once(shell, fake
     assert spec.resources.gpus_per_node == 0
     assert spec.env == {"LR": "0.1", "MODE": "fast"}
     assert (spec.name, spec.max_restarts, spec.pool) == ("mnist-nb", 2, "gpu")
+    assert (spec.priority, spec.accelerator) == ("high", "h100")
     assert spec.checkpoint.every_steps == 50
     assert spec.entrypoint is None and repr(cell) in spec.code  # the bootstrap runs the cell
     assert "<air cell>" in spec.code
@@ -255,6 +259,7 @@ def test_train_defaults_are_one_node_one_rank_on_cpu(shell, fake, shown):
         0,
     )
     assert (spec.name, spec.max_restarts, spec.pool, spec.env) == ("cell", 0, "default", {})
+    assert (spec.priority, spec.accelerator) == ("normal", None)
     assert spec.checkpoint.every_steps is None
     assert shown[0][1] == {}
 

@@ -27,6 +27,8 @@ def test_fits_ever_names_missing_accelerators():
     reason = fits_ever(JobRequest("j", 1, 1, 1, pool="any", accelerator="tpu"), inv)
     assert reason == "no pool has 'tpu' nodes; accelerators here: a100, cpu, h100"
     assert fits_ever(JobRequest("j", 1, 1, 1, pool="any", accelerator="gpu"), inv) is None
+    reason = fits_ever(JobRequest("j", 1, 1, 1, pool="a100", accelerator="h100"), inv)
+    assert reason == "pool 'a100' has no 'h100' nodes; accelerators here: a100"
     assert "lower --nodes" in (fits_ever(JobRequest("g", 2, 8, 8, pool="any"), inv) or "")
 
 
