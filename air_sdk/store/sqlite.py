@@ -64,8 +64,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     failure TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
     last_seq INTEGER NOT NULL DEFAULT 0, queue_order INTEGER NOT NULL);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_tenant_created ON jobs(tenant, created_at);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_tenant_order ON jobs(tenant, queue_order);
+CREATE INDEX IF NOT EXISTS jobs_state_order ON jobs(state, queue_order);
+DROP INDEX IF EXISTS jobs_tenant_created;
+DROP INDEX IF EXISTS jobs_state;
 CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, attempt INTEGER NOT NULL, placement TEXT NOT NULL,
     token_hash TEXT NOT NULL, started_at REAL NOT NULL, ended_at REAL,

@@ -121,3 +121,21 @@ def test_typed_event_reads_use_the_type_index(store):
     (sql,) = [q for q in seen if q.lstrip().upper().startswith("SELECT")]
     plan = store._reader().execute("EXPLAIN QUERY PLAN " + sql).fetchall()
     assert any("events_type" in str(tuple(row)) for row in plan), plan
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"tenant": "default", "limit": 100},  # `air jobs`
+        {"states": (JobState.QUEUED,), "oldest_first": True, "limit": 10_000},  # the runner
+    ],
+)
+def test_job_lists_read_in_queue_order_from_an_index_not_a_sort(store, kwargs):
+    # With 10,000 jobs in history a sort would read every one of them for each list.
+    seen: list[str] = []
+    store._reader().set_trace_callback(seen.append)
+    store.list_jobs(**kwargs)
+    store._reader().set_trace_callback(None)
+    (sql,) = [q for q in seen if q.lstrip().upper().startswith("SELECT")]
+    plan = " ".join(str(tuple(r)) for r in store._reader().execute("EXPLAIN QUERY PLAN " + sql))
+    assert "TEMP B-TREE" not in plan and "_order" in plan, plan
