@@ -5,6 +5,7 @@
     air jobs / air status JOB / air logs -f JOB / air metrics JOB / air cancel JOB
     air demo                             # a 2-node DDP job end to end
     air admin token create --role viewer # tenants and tokens (admin token)
+    air render k8s job.yaml --image IMG  # a Kubeflow TrainJob for Kubernetes
 
 Every command talks to the gateway through `make_client` (tests replace it), and
 prints an `AirError` as one `error: ...` line: exit code 2 when the command or
@@ -31,6 +32,7 @@ from air_sdk.cli._common import (
 )
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.gateway import gateway_app
+from air_sdk.cli.manifests import render_app
 from air_sdk.schema.state import JobState
 
 
@@ -56,6 +58,7 @@ app = typer.Typer(
 )
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(admin_app, name="admin")
+app.add_typer(render_app, name="render")
 
 #: `air metrics` shows this many most recent rows unless --all
 DEFAULT_METRIC_ROWS = 20

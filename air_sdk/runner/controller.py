@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
 from air_sdk.runner.policy import (
     FailureAction,
@@ -217,6 +218,13 @@ class JobController:
         *,
         charged: bool = True,
     ) -> None:
+        if state.terminal or state is JobState.QUEUED:
+            # A backend may keep a stopped attempt's resources for a relaunch on the same
+            # nodes (Ray keeps its actors and placement group): none comes now, and the
+            # new state must not be seen while they still hold the nodes.
+            release = getattr(self.backend, "release", None)
+            if release is not None:
+                release(self.job_id)
         self.store.transition(self.job_id, state, reason, failure=failure, charged=charged)
         self.state = state
 
@@ -274,10 +282,17 @@ class JobController:
         self.attempt_started = time.monotonic()
         self._move(
             JobState.STARTING,
-            f"attempt {self.attempt} launching on "
+            "launching on "  # the attempt number is on the event and beside every reason
             + ", ".join(a.node for a in self.placement.nodes),
         )
-        self.handle = self.backend.launch(request)
+        try:
+            self.handle = self.backend.launch(request)
+        except ConfigError as exc:
+            # The backend refuses the job as specified (e.g. a node-local checkpoint dir
+            # for a multi-node job on Ray): a retry cannot help, the message says what to change.
+            failure = FailureInfo(attempt=self.attempt, reason=str(exc), kind="startup")
+            self._end_attempt(failure.reason, failure)
+            self._move(JobState.FAILED, failure.reason, failure)
 
     def _watch(self) -> None:
         assert self.handle is not None
@@ -415,7 +430,10 @@ class JobController:
         if self._sleep_unless_cancelled(decision.delay_s):
             self._cancel()
             return
-        bad = self._unhealthy_nodes() & {a.node for a in self.placement.nodes}
+        placed = {a.node for a in self.placement.nodes}
+        # A node the backend no longer offers (a Ray node that left the cluster) is as bad.
+        offered = {n.name for n in self.backend.inventory() if n.healthy}
+        bad = (self._unhealthy_nodes() & placed) | (placed - offered)
         if bad:
             # Back to the queue: the scheduler places the next attempt without them.
             self._move(

@@ -46,6 +46,14 @@ FORBIDDEN = {
         "uvicorn",
     ],
     "bundle": ["air_sdk.gateway", "air_sdk.runner", "air_sdk.store", "air_sdk.client", "torch"],
+    "render": [
+        "air_sdk.gateway",
+        "air_sdk.runner",
+        "air_sdk.store",
+        "air_sdk.client",
+        "torch",
+        "kubernetes",
+    ],
 }
 ALLOWED_SCHEMA_IMPORTS = ("air_sdk.schema",)
 
@@ -92,3 +100,37 @@ def test_public_all_is_sorted_and_complete():
     assert list(air_sdk.__all__) == sorted(air_sdk.__all__)
     for name in air_sdk.__all__:
         assert getattr(air_sdk, name) is not None
+
+
+def _is_ray(name: str) -> bool:
+    return name == "ray" or name.startswith("ray.")
+
+
+def test_only_the_ray_backend_imports_ray_and_only_lazily():
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        ray_module = rel.parts[:2] == ("runner", "backends") and "ray" in path.stem
+        if not ray_module:
+            offenders += [f"{rel} imports {n}" for n in imports_of(path) if _is_ray(n)]
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level: must stay lazy
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            offenders += [f"{rel} imports {n} at module level" for n in names if _is_ray(n)]
+    assert offenders == []
+
+
+def test_importing_the_runner_and_gateway_does_not_import_ray():
+    code = (
+        "import sys, air_sdk.runner, air_sdk.runner.backends, air_sdk.gateway.server\n"
+        "import air_sdk.runner.backends.ray, air_sdk.runner.backends.ray_node\n"
+        "print('ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
