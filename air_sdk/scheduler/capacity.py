@@ -55,7 +55,8 @@ class Partition:
         self.has_gpus = False
         #: (slots, GPUs) each node has in all; shared by copies
         self.caps: list[tuple[int, int]] = []
-        self._ever: dict[tuple[int, int], int] = {}
+        #: (slots, GPUs) -> the nodes that big when empty; shared by copies
+        self._big: dict[tuple[int, int], list[int]] = {}
         #: (free GPUs, free slots) -> node indexes, ascending (inventory order breaks ties)
         self._buckets: dict[tuple[int, int], list[int]] = {}
         self._keys: list[tuple[int, int]] = []
@@ -97,11 +98,20 @@ class Partition:
 
     def capable(self, slots: int, gpus: int) -> int:
         """Nodes big enough for (slots, gpus) when empty."""
-        count = self._ever.get((slots, gpus))
-        if count is None:
-            count = sum(1 for cs, cg in self.caps if cs >= slots and cg >= gpus)
-            self._ever[(slots, gpus)] = count
-        return count
+        return len(self.big_enough(slots, gpus))
+
+    def big_enough(self, slots: int, gpus: int) -> list[int]:
+        """The nodes big enough for (slots, gpus) when empty, in inventory order (do not
+        change the list: it is kept for the next caller)."""
+        found = self._big.get((slots, gpus))
+        if found is None:
+            found = [
+                i
+                for i, (cs, cg) in zip(self.nodes, self.caps, strict=True)
+                if cs >= slots and cg >= gpus
+            ]
+            self._big[(slots, gpus)] = found
+        return found
 
     def count_free(self, slots: int, gpus: int) -> int:
         """Nodes with at least `slots` free slots and `gpus` free GPUs now."""

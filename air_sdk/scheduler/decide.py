@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from air_sdk.scheduler.capacity import Alloc, Capacity, Partition
 from air_sdk.scheduler.explain import Explanations, Reason, need_text
@@ -42,6 +44,10 @@ from air_sdk.scheduler.state import ClusterBook, RunningJob
 from air_sdk.schema import NodeAssignment, Placement
 
 _INF = math.inf
+# an Enum member read through its class costs a metaclass lookup; the walk reads these
+# once per waiting job
+_NO_FIT = Reason.NO_FIT
+_RESERVED = Reason.RESERVED
 
 
 _UNSEEN: tuple[float, float] = (-1.0, -1.0)
@@ -51,8 +57,8 @@ def _release_order(r: tuple[float, float, tuple[Alloc, ...]]) -> tuple[float, fl
     return (r[0], r[1])
 
 
-def _submitted_at(job: JobRequest) -> float:
-    return job.submitted_at
+_submitted_at = operator.attrgetter("submitted_at")
+_job_id = operator.attrgetter("job_id")
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,9 @@ class PartitionCycle:
     #: reserved node -> [slots, GPUs] it has to spare when the reservation starts
     res_spare: dict[int, list[int]] | None = None
     res_nodes: tuple[int, ...] = ()
-    blocked: int = 0
+    #: the jobs in line here, in order (position = index + 1), and why each waits
+    waiting: list[JobRequest] = field(default_factory=list)
+    reasons: list[Reason] = field(default_factory=list)
     demand_ahead: float = 0.0
     #: the partition's size in the unit demand is counted in (GPUs, or slots on CPU)
     size: float = 1.0
@@ -193,7 +201,7 @@ class _Cycle:
         self.decision = Decision(
             explanations=self.explanations, positions=self.positions, routes=self.routes
         )
-        self._routes: dict[tuple[str, str | None, int, int, int], list[PartitionCycle] | str] = {}
+        self._routes: dict[str, list[PartitionCycle] | str] = {}
         self._locality = policy.locality_label
         self._strict = policy.locality_strict
         self._quotas = policy.quotas
@@ -205,11 +213,10 @@ class _Cycle:
 
     def order(self, queue: Sequence[JobRequest]) -> list[JobRequest]:
         jobs = list(queue)
-        # the runner passes the queue oldest first: then this is one pass, not a sort
-        for a, b in zip(jobs, jobs[1:], strict=False):
-            if b.submitted_at < a.submitted_at:
-                jobs.sort(key=_submitted_at)  # stable: ties keep the given order
-                break
+        # the runner passes the queue oldest first: then this is one pass (in C), not a sort
+        times = list(map(_submitted_at, jobs))
+        if any(map(operator.lt, islice(times, 1, None), times)):
+            jobs.sort(key=_submitted_at)  # stable: ties keep the given order
         rank = PRIORITY_RANK
         aging = self.policy.aging_s
         now = self.now
@@ -234,9 +241,9 @@ class _Cycle:
         ts = float(self.total_slots) or _INF
         weights = self.policy.weights
         share: dict[str, float] = {}
-        keyed: list[tuple[int, float, int, JobRequest]] = []
-        append = keyed.append
-        for pos, job in enumerate(jobs):
+        keys: list[float] = []  # the tenant's dominant share before the job
+        classes: list[int] = []  # minus the class it is ordered in
+        for job in jobs:
             t = job.tenant
             s = share.get(t)
             if s is None:
@@ -245,17 +252,26 @@ class _Cycle:
             r = rank[job.priority]
             if job.submitted_at <= aged_before and r < top:
                 r = klass(job)
-            append((-r, s, pos, job))
+            keys.append(s)
+            classes.append(-r)
             dg, ds = job.num_gpus / tg, job.num_slots / ts
             share[t] = s + (dg if dg > ds else ds) / weights.get(t, 1.0)
-        keyed.sort()  # pos is unique: jobs themselves are never compared
-        return [e[3] for e in keyed]
+        # by (class, share, position): two stable sorts on plain numbers, which allocate
+        # no tuple per job (fewer garbage-collector passes)
+        index = sorted(range(len(jobs)), key=keys.__getitem__)
+        index.sort(key=classes.__getitem__)
+        return [jobs[i] for i in index]
 
     # -- the walk -----------------------------------------------------------------------------
 
     def run(self, queue: Sequence[JobRequest]) -> Decision:
         for job in self.order(queue):
             self.consider(job)
+        for st in self.states:  # each partition's line, in C rather than per job
+            ids = list(map(_job_id, st.waiting))
+            self.positions.update(zip(ids, range(1, len(ids) + 1), strict=True))
+            self.routes.update(dict.fromkeys(ids, st.part.pool))
+        self.explanations.add_lines(self.states)
         return self.decision
 
     def _route(self, job: JobRequest) -> list[PartitionCycle] | str:
@@ -278,7 +294,7 @@ class _Cycle:
         if not candidates:
             found = self._no_partition(job)
         else:
-            n, s, g = key[2:]
+            n, s, g = job.shape
             feasible = [st for st in candidates if st.part.can_ever(n, s, g)]
             if feasible:
                 found = feasible
@@ -305,44 +321,7 @@ class _Cycle:
         if headroom is not None and (job.num_gpus > headroom[0] or job.num_slots > headroom[1]):
             self.explanations.put(job.job_id, self._quota_problem(job))
             return
-        # fast path, the common case in a busy pool: every partition has a head, and this
-        # shape already failed there this cycle (alone, or beside the head's reservation)
-        n, s, g = job.shape
-        est = job.est_duration_s
-        now = self.now
-        known: list[Reason] = []
-        for st in route:
-            if st.head is None:
-                break
-            reason = None
-            for fn, fs, fg in st.part.failed_plain:
-                if fn <= n and fs <= s and fg <= g:
-                    reason = Reason.NO_FIT
-                    break
-            else:
-                if st.res_start is None or est is None or now + est > st.res_start:
-                    for fn, fs, fg in st.part.failed_capped:
-                        if fn <= n and fs <= s and fg <= g:
-                            reason = Reason.RESERVED
-                            break
-            if reason is None:
-                break
-            known.append(reason)
-        else:
-            k = 0
-            if len(route) > 1:  # least demand ahead, relative to size; then the label
-                best = route[0].demand_ahead / route[0].size
-                for i in range(1, len(route)):
-                    load = route[i].demand_ahead / route[i].size
-                    if load < best or (load == best and route[i].part.label < route[k].part.label):
-                        k, best = i, load
-            st = route[k]
-            st.blocked += 1
-            job_id = job.job_id
-            self.positions[job_id] = st.blocked
-            self.routes[job_id] = st.part.pool
-            st.demand_ahead += job.num_gpus if st.part.has_gpus else job.num_slots
-            self.explanations.pending(job_id, (job, known[k], st))
+        if self._waits_as_before(route, job):
             return
         if len(route) > 1:
             route = sorted(route, key=self._route_order)
@@ -360,6 +339,48 @@ class _Cycle:
             return
         assert first_reason is not None
         self._block(route[0], job, first_reason)
+
+    def _waits_as_before(self, route: list[PartitionCycle], job: JobRequest) -> bool:
+        """The fast path, the common case in a busy pool: if every partition the job may
+        use has a head, and a shape no larger than the job's already failed in each this
+        cycle (alone, or beside the head's reservation), the job fails too (capacity only
+        shrinks within a cycle): it waits where the least demand is ahead, relative to
+        the partition's size. False if it has to be tried."""
+        n, s, g = job.shape
+        est = job.est_duration_s
+        end = _INF if est is None else self.now + est
+        chosen: PartitionCycle | None = None
+        chosen_reason = _NO_FIT
+        least = _INF
+        for st in route:
+            if st.head is None:
+                return False
+            for fn, fs, fg in st.part.failed_plain:
+                if fn <= n and fs <= s and fg <= g:
+                    reason = _NO_FIT
+                    break
+            else:
+                if st.res_start is not None and end <= st.res_start:
+                    return False  # it would end before the head needs the room: try it
+                for fn, fs, fg in st.part.failed_capped:
+                    if fn <= n and fs <= s and fg <= g:
+                        reason = _RESERVED
+                        break
+                else:
+                    return False
+            if chosen is None:
+                chosen, chosen_reason = st, reason
+                if len(route) > 1:
+                    least = st.demand_ahead / st.size
+                continue
+            load = st.demand_ahead / st.size
+            if load < least or (load == least and st.part.label < chosen.part.label):
+                chosen, chosen_reason, least = st, reason, load
+        assert chosen is not None  # a route is never empty
+        chosen.waiting.append(job)  # as _block does, without one more call per job
+        chosen.reasons.append(chosen_reason)
+        chosen.demand_ahead += job.num_gpus if chosen.part.has_gpus else job.num_slots
+        return True
 
     def _route_order(self, st: PartitionCycle) -> tuple[float, str]:
         """Where a job that may go to several pools is tried first: least demand queued
@@ -462,12 +483,10 @@ class _Cycle:
         st.started.append((end, -self.now, tuple(allocs)))
 
     def _block(self, st: PartitionCycle, job: JobRequest, reason: Reason) -> None:
-        st.blocked += 1
-        job_id = job.job_id
-        self.positions[job_id] = st.blocked
-        self.routes[job_id] = st.part.pool
+        # positions, routes and sentences are made from the lines once the walk ends
+        st.waiting.append(job)
+        st.reasons.append(reason)
         st.demand_ahead += job.num_gpus if st.part.has_gpus else job.num_slots
-        self.explanations.pending(job_id, (job, reason, st))
 
     # -- heads: reservations and preemption ----------------------------------------------------
 

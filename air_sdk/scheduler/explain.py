@@ -7,7 +7,8 @@ nodes that still have the room after this cycle's starts).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import operator
+from collections.abc import Iterator, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,9 @@ from air_sdk.scheduler.gang import JobRequest
 
 if TYPE_CHECKING:
     from air_sdk.scheduler.decide import PartitionCycle
+
+
+_job_id = operator.attrgetter("job_id")
 
 
 class Reason(Enum):
@@ -67,16 +71,14 @@ def _when(t: float | None, now: float) -> str:
     return "now" if t <= now else f"in {duration_text(t - now)}"
 
 
-#: what the walk records for a waiting job: the job, why, and in which partition
-Pending = tuple[JobRequest, Reason, "PartitionCycle"]
-
-
 class Explanations(Mapping[str, str]):
     """{job_id: why it waits}, worded when read.
 
-    The walk records a cause per waiting job in O(1); the sentence is made on first
-    read (and kept), from the cycle's state when it ended. A runner that shows only
-    some jobs' explanations pays only for those.
+    The walk gives the sentence of a job that is not in any line (never fits, over
+    quota) and, at its end, the partitions' lines: each keeps its waiting jobs in
+    order with their reasons, appended in O(1). A sentence is made on first read (and
+    kept), from the cycle's state when it ended; a runner that shows only some jobs'
+    explanations pays only for those.
 
     Example:
         >>> e = Explanations({}, now=0.0)
@@ -86,7 +88,11 @@ class Explanations(Mapping[str, str]):
     """
 
     def __init__(self, positions: Mapping[str, int], now: float) -> None:
-        self._entries: dict[str, str | Pending] = {}
+        self._given: dict[str, str] = {}
+        self._worded: dict[str, str] = {}
+        self._lines: Sequence[PartitionCycle] = ()
+        #: waiting job -> its partition; made on first read
+        self._where: dict[str, PartitionCycle] | None = None
         self._positions = positions
         self._now = now
         # most waiting jobs share a pool, a shape and a reason: word those parts once
@@ -94,33 +100,47 @@ class Explanations(Mapping[str, str]):
         self._counts: dict[tuple[int, int, int], int] = {}
 
     def put(self, job_id: str, text: str) -> None:
-        self._entries[job_id] = text
+        self._given[job_id] = text
 
-    def pending(self, job_id: str, entry: Pending) -> None:
-        self._entries[job_id] = entry
+    def add_lines(self, lines: Sequence[PartitionCycle]) -> None:
+        """Explain the jobs in these partitions' lines (`waiting`, with `reasons`);
+        `positions` places them."""
+        self._lines = lines
+        self._where = None
+
+    def _waiting(self) -> dict[str, PartitionCycle]:
+        if self._where is None:
+            where: dict[str, PartitionCycle] = {}
+            for st in self._lines:
+                where.update(dict.fromkeys(map(_job_id, st.waiting), st))
+            self._where = where
+        return self._where
 
     def __getitem__(self, job_id: str) -> str:
-        entry = self._entries[job_id]
-        if isinstance(entry, str):
-            return entry
-        text = self._word(job_id, *entry)
-        self._entries[job_id] = text
+        text = self._given.get(job_id)
+        if text is None:
+            text = self._worded.get(job_id)
+        if text is None:
+            st = self._waiting()[job_id]
+            ahead = self._positions[job_id] - 1
+            text = self._word(st.waiting[ahead], st.reasons[ahead], st, ahead)
+            self._worded[job_id] = text
         return text
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        yield from self._given
+        yield from self._waiting()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._given) + len(self._waiting())
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._entries
+        return job_id in self._given or job_id in self._waiting()
 
     def __repr__(self) -> str:
         return f"Explanations({dict(self)!r})"
 
-    def _word(self, job_id: str, job: JobRequest, reason: Reason, st: PartitionCycle) -> str:
-        ahead = self._positions[job_id] - 1
+    def _word(self, job: JobRequest, reason: Reason, st: PartitionCycle, ahead: int) -> str:
         if reason is Reason.RESERVED:
             ck = (st.part.index, job.slots_per_node, job.gpus_per_node)
             have = self._counts.get(ck)

@@ -103,9 +103,10 @@ class JobRequest:
         return (self.nodes, self.slots_per_node, self.gpus_per_node)
 
     @cached_property
-    def route_key(self) -> tuple[str, str | None, int, int, int]:
-        """Jobs with equal keys may run in the same partitions."""
-        return (self.pool, self.accelerator, self.nodes, self.slots_per_node, self.gpus_per_node)
+    def route_key(self) -> str:
+        """Jobs with equal keys may run in the same partitions. A string, not a tuple:
+        a string keeps its hash, and a cycle looks the key up once per queued job."""
+        return repr((self.pool, self.accelerator, *self.shape))
 
 
 def node_matches(request: JobRequest, node: NodeSpec) -> bool:

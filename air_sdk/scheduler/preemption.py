@@ -76,17 +76,18 @@ def choose_victims(
     lower-priority jobs makes it fit. `victims_on(node)` lists the preemptible jobs
     holding a part of `node`, in `victim_order`, with what they hold there."""
     n, s, g = job.nodes, job.slots_per_node, job.gpus_per_node
-    cap_slots, cap_gpus = cap.cap_slots, cap.cap_gpus
-    eligible = [i for i in part.nodes if cap_slots[i] >= s and cap_gpus[i] >= g]
+    eligible = part.big_enough(s, g)
     if len(eligible) < n:
         return None
+    # tables hold only the nodes whose free capacity differs from `cap`'s: a search
+    # touches a few nodes of a partition, and a row per node cost more than the search
     base: Table = {}
     for allocs in terminating:
         for i, rs, rg in allocs:
             f = _free(cap, base, i)
             f[0] += rs
             f[1] += rg
-    ready = {i for i in eligible if _ok(_free(cap, base, i), s, g)}
+    ready = _ready(eligible, base, cap, s, g)
     if len(ready) >= n:
         return _plan([], ready, base, cap, n, s, g, now)
     eligible_set = set(eligible)
@@ -96,16 +97,28 @@ def choose_victims(
             continue
         chosen = _prune(chosen, eligible_set, base, cap, n, s, g)
         table = _apply(chosen, base, cap)
-        after = {i for i in eligible if _ok(_free(cap, table, i), s, g)}
-        return _plan(chosen, after, table, cap, n, s, g, now)
+        return _plan(chosen, _ready(eligible, table, cap, s, g), table, cap, n, s, g, now)
     return None
 
 
 def _free(cap: Capacity, table: Table, i: int) -> list[int]:
+    """Node `i`'s row of `table`, added (from `cap`) if missing, to change."""
     f = table.get(i)
     if f is None:
         f = table[i] = [cap.free_slots[i], cap.free_gpus(i)]
     return f
+
+
+def _fits(cap: Capacity, table: Table, i: int, s: int, g: int) -> bool:
+    f = table.get(i)
+    if f is None:
+        return cap.free_slots[i] >= s and cap.free_mask[i].bit_count() >= g
+    return f[0] >= s and f[1] >= g
+
+
+def _ready(eligible: Sequence[int], table: Table, cap: Capacity, s: int, g: int) -> set[int]:
+    """The eligible nodes with room for one rank of the gang."""
+    return {i for i in eligible if _fits(cap, table, i, s, g)}
 
 
 def _ok(f: list[int], s: int, g: int) -> bool:
@@ -244,44 +257,37 @@ def _prune(
     s: int,
     g: int,
 ) -> list[VictimCandidate]:
-    """Drop every victim the gang does not need, the most valuable (oldest) first."""
-    touched = {j for v in chosen for j, _, _ in v.allocs if j in eligible}
-    ready_untouched = 0
-    for i in eligible:
-        if i not in touched:
-            f = base.get(i)
-            if f is not None and f[0] >= s and f[1] >= g:
-                ready_untouched += 1
-    keep = list(chosen)
-    for v in sorted(chosen, key=lambda v: (-v.rank, v.started_at, v.job_id)):
-        trial = [k for k in keep if k is not v]
-        if ready_untouched + _count_ready(trial, touched, base, cap, s, g) >= n:
-            keep = trial
-    return keep
+    """Drop every victim the gang does not need, the most valuable (oldest) first.
 
-
-def _count_ready(
-    victims: list[VictimCandidate],
-    nodes: set[int],
-    base: Table,
-    cap: Capacity,
-    s: int,
-    g: int,
-) -> int:
-    """How many of `nodes` fit the gang once `victims` are gone."""
-    delta: dict[int, list[int]] = {}
-    for v in victims:
+    Counts by difference: what the kept victims free is kept per node, so a trial
+    looks only at the nodes of the victim it would spare."""
+    freed: Table = {}  # eligible node a victim touches -> its free room once they exit
+    for v in chosen:
         for j, rs, rg in v.allocs:
-            acc = delta.setdefault(j, [0, 0])
-            acc[0] += rs
-            acc[1] += rg
-    count = 0
-    for i in nodes:
-        f = base.get(i) or [cap.free_slots[i], cap.free_gpus(i)]
-        ds, dg = delta.get(i) or (0, 0)
-        if f[0] + ds >= s and f[1] + dg >= g:
-            count += 1
-    return count
+            if j in eligible:
+                f = freed.get(j)
+                if f is None:
+                    f = freed[j] = list(base.get(j) or (cap.free_slots[j], cap.free_gpus(j)))
+                f[0] += rs
+                f[1] += rg
+    ready = sum(1 for i in eligible if i not in freed and _fits(cap, base, i, s, g))
+    ready += sum(1 for f in freed.values() if _ok(f, s, g))
+    spared: set[str] = set()
+    for v in sorted(chosen, key=lambda v: (-v.rank, v.started_at, v.job_id)):
+        without: Table = {}
+        for j, rs, rg in v.allocs:
+            if j in freed:
+                f = without.get(j)
+                if f is None:
+                    f = without[j] = list(freed[j])
+                f[0] -= rs
+                f[1] -= rg
+        lost = sum(1 for j, f in without.items() if _ok(freed[j], s, g) and not _ok(f, s, g))
+        if ready - lost >= n:
+            spared.add(v.job_id)
+            freed.update(without)
+            ready -= lost
+    return [v for v in chosen if v.job_id not in spared]
 
 
 def _plan(

@@ -3,17 +3,21 @@ jobs, each tenant's usage, and per partition the running jobs ordered by expecte
 end. Kept up to date from the (inventory, running) the caller passes each cycle, by
 difference: a cycle costs O(changes + nodes), not O(running jobs).
 
-Pass the same `RunningJob` objects from cycle to cycle where you can: identity is
-the fast path of the difference.
+Pass the same `RunningJob` objects from cycle to cycle where you can, in a stable
+order (a dict's values: ended jobs drop out, new ones come last): the difference is
+then found by walking this cycle's list and the last one in step, comparing objects
+by identity, in C; only where they differ is Python code run.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import compress, count
 
 from air_sdk.scheduler.capacity import Alloc, Capacity
 from air_sdk.scheduler.gang import PRIORITY_RANK, NodeSpec
@@ -84,7 +88,6 @@ class _Held:
 
 @dataclass
 class _PartitionJobs:
-    jobs: dict[str, _Held] = field(default_factory=dict)
     #: (expected end, -start, job id) of non-terminating jobs, sorted: known ends first,
     #: then jobs without one, youngest first (with heavy-tailed run times, a job that
     #: has run longer is likely to run longer still)
@@ -106,29 +109,39 @@ class ClusterBook:
         self._node_order: list[list[OnNode] | None] = []
         self.used_gpus: dict[str, int] = {}
         self.used_slots: dict[str, int] = {}
-        #: id() -> the RunningJob objects of the last sync (kept alive so ids stay unique)
-        self._seen: dict[int, RunningJob] = {}
+        #: the running jobs of the last sync, as passed
+        self._running: list[RunningJob] = []
 
     def sync(self, inventory: Sequence[NodeSpec], running: Sequence[RunningJob]) -> None:
         inv = list(inventory)
-        if not _same_inventory(inv, self._inventory):
-            self._rebuild(inv, running)
+        cur = list(running)
+        if inv != self._inventory:  # node by node, identity first (in C)
+            self._rebuild(inv, cur)
             return
-        # difference by object identity first (set operations in C), then by job id
-        current = {id(r): r for r in running}
-        seen = self._seen
-        if current.keys() == seen.keys():
-            return
+        changes = _changes_in_step(self._running, cur)
+        if changes is None:  # the order changed: compare all by identity
+            changes = _changes_by_identity(self._running, cur)
+        gone, new = changes
+        if gone or new:
+            self._apply(gone, new)
+            if len(self.held) != len(cur):
+                self._rebuild(inv, cur)  # a job listed twice: fail as decide() does
+                return
+        self._running = cur
+
+    def _apply(self, gone: list[RunningJob], new: list[RunningJob]) -> None:
+        """Jobs whose objects left the list and objects that joined it; by job id, an
+        equal new object for a job changes nothing."""
         held = self.held
-        arrived = {current[k].job_id: current[k] for k in current.keys() - seen.keys()}
-        for k in seen.keys() - current.keys():
-            job_id = seen[k].job_id
+        arrived = {r.job_id: r for r in new}
+        for r in gone:
+            job_id = r.job_id
             h = held.get(job_id)
             if h is None:
                 continue
             replacement = arrived.get(job_id)
             if replacement is not None and _same(h.job, replacement):
-                h.job = replacement  # an equal object: nothing changed
+                h.job = replacement
                 del arrived[job_id]
                 continue
             self._remove(job_id)
@@ -136,7 +149,6 @@ class ClusterBook:
             if job_id in held:
                 self._remove(job_id)
             self._add(r)
-        self._seen = current
 
     def _rebuild(self, inventory: list[NodeSpec], running: Sequence[RunningJob]) -> None:
         self._inventory = inventory
@@ -151,7 +163,7 @@ class ClusterBook:
             if r.job_id in self.held:
                 raise ValueError(f"running job {r.job_id!r} appears twice")
             self._add(r)
-        self._seen = {id(r): r for r in running}
+        self._running = list(running)
 
     def _add(self, r: RunningJob) -> None:
         cap = self.capacity
@@ -175,7 +187,6 @@ class ClusterBook:
         self.used_slots[t] = self.used_slots.get(t, 0) + r.num_slots
         if part is not None:
             pj = self.parts[part]
-            pj.jobs[r.job_id] = h
             if r.terminating:
                 pj.terminating[r.job_id] = None
             else:
@@ -194,7 +205,6 @@ class ClusterBook:
         self.used_slots[t] -= r.num_slots
         if h.part is not None:
             pj = self.parts[h.part]
-            del pj.jobs[job_id]
             if r.terminating:
                 del pj.terminating[job_id]
             else:
@@ -226,10 +236,89 @@ class ClusterBook:
         return [(j, self.held[j].allocs) for j in sorted(pj.terminating)]
 
 
-def _same_inventory(a: list[NodeSpec], b: list[NodeSpec]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):  # noqa: SIM110 (identity first, then equality)
-        if x is not y and x != y:
-            return False
-    return True
+# -- the difference between two lists of running jobs ---------------------------------------
+
+#: the identical objects compared per step in C when walking two lists
+_CHUNK = 64
+#: how many objects, of both lists together, may lie between two that still match up
+_REALIGN = 16
+
+
+def _changes_in_step(
+    prev: list[RunningJob], cur: list[RunningJob]
+) -> tuple[list[RunningJob], list[RunningJob]] | None:
+    """(gone, new): the objects only in `prev`, and only in `cur`, by identity, found by
+    walking both lists in step; None if they are too far out of step (reordered).
+
+    Example:
+        >>> from air_sdk.schema import Placement
+        >>> a, b, c, d = (RunningJob(Placement(job_id=j, nodes=())) for j in "abcd")
+        >>> gone, new = _changes_in_step([a, b, c], [a, c, d])
+        >>> [r.job_id for r in gone], [r.job_id for r in new]
+        (['b'], ['d'])
+    """
+    gone: list[RunningJob] = []
+    new: list[RunningJob] = []
+    i = j = 0
+    while True:
+        k = _common_run(prev, i, cur, j)
+        i += k
+        j += k
+        if i == len(prev) or j == len(cur):
+            break
+        step = _realign(prev, i, cur, j)
+        if step is None:
+            return None
+        a, b = step
+        gone += prev[i : i + a]
+        new += cur[j : j + b]
+        i += a
+        j += b
+    gone += prev[i:]
+    new += cur[j:]
+    if gone and new:  # an object that moved is on both sides: it neither left nor came
+        moved = {id(r) for r in gone}.intersection(map(id, new))
+        if moved:
+            gone = [r for r in gone if id(r) not in moved]
+            new = [r for r in new if id(r) not in moved]
+    return gone, new
+
+
+def _common_run(prev: list[RunningJob], i: int, cur: list[RunningJob], j: int) -> int:
+    """How many objects `prev[i:]` and `cur[j:]` have in common from their start."""
+    start = i
+    while i < len(prev) and j < len(cur):
+        size = min(_CHUNK, len(prev) - i, len(cur) - j)
+        differ = map(operator.is_not, prev[i : i + size], cur[j : j + size])
+        k = next(compress(count(), differ), size)
+        i += k
+        j += k
+        if k < size:
+            break
+    return i - start
+
+
+def _realign(
+    prev: list[RunningJob], i: int, cur: list[RunningJob], j: int
+) -> tuple[int, int] | None:
+    """The fewest objects to skip, (a of prev, b of cur), so that `prev[i + a]` is
+    `cur[j + b]` or one list ends."""
+    for d in range(1, _REALIGN + 1):
+        for a in range(d, -1, -1):
+            b = d - a
+            if i + a == len(prev) or j + b == len(cur):
+                return a, b
+            if i + a < len(prev) and j + b < len(cur) and prev[i + a] is cur[j + b]:
+                return a, b
+    return None
+
+
+def _changes_by_identity(
+    prev: list[RunningJob], cur: list[RunningJob]
+) -> tuple[list[RunningJob], list[RunningJob]]:
+    before = {id(r): r for r in prev}
+    after = {id(r): r for r in cur}
+    return (
+        [r for k, r in before.items() if k not in after],
+        [r for k, r in after.items() if k not in before],
+    )
