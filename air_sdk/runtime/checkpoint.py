@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import operator
 import os
+import pickle
 import sys
 import threading
 import time
@@ -56,6 +57,15 @@ from typing import TYPE_CHECKING, Any
 
 from air_sdk.errors import CheckpointError
 from air_sdk.runtime._context import context
+from air_sdk.runtime._fork_snapshot import (
+    ForkedWrite,
+    choose_mode,
+    local_plan,
+    merge_metadata,
+    my_share,
+    requested_mode,
+    state_dicts,
+)
 from air_sdk.runtime._manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -92,17 +102,29 @@ _GROUP_TIMEOUT_S = 1800.0  # writing a large checkpoint to slow storage can take
 _NO_DIST_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
 
 
+def _commit_has_snapshot() -> bool:
+    from air_sdk.schema.events import CheckpointCommit
+
+    return "snapshot" in CheckpointCommit.model_fields
+
+
+_COMMIT_HAS_SNAPSHOT = _commit_has_snapshot()
+
+
 @dataclass
 class _Pending:
-    """One save between `async_save` returning and its commit."""
+    """One save between `save` returning and its commit."""
 
     step: int
     directory: str
     started: float
     blocked_s: float
-    future: Future[Any]
+    future: Future[Any] | None  # copy: DCP's async_save
     data_position: dict[str, Any] | None
     replaced: str | None  # a committed copy of this step, moved aside until this one commits
+    forked: ForkedWrite | None = None  # fork: the child writing this rank's part
+    fork_error: BaseException | None = None
+    launched: threading.Event = field(default_factory=threading.Event)
     durable_s: float = 0.0
     thread: threading.Thread | None = None
     committed: Manifest | None = None
@@ -198,9 +220,30 @@ def _from_rank_0(value: Any, group: Any) -> Any:
     return shared[0]
 
 
+def _agree(
+    problem: str | None, mode: str | None, refused: str | None, plan: Any, group: Any
+) -> tuple[str | None, str | None, str | None, list[Any] | None]:
+    """(rank 0's problem, the mode every rank uses, the ranks' refusals, every rank's
+    save plan where they fork): a collective on `group`, as it is without one. Fork
+    only where every rank can."""
+    if group is None:
+        return problem, mode, refused, None
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (problem, mode, refused, plan), group=group)
+    refusals = [f"rank {r}: {why}" for r, (_, _, why, _) in enumerate(gathered) if why]
+    modes = {m for _, m, _, _ in gathered if m}
+    agreed = "fork" if modes == {"fork"} else "copy"
+    plans = [p for _, _, _, p in gathered] if agreed == "fork" else None
+    return gathered[0][0], agreed, "; ".join(refusals) or None, plans
+
+
 def _describe(exc: BaseException) -> str:
     from torch.distributed.checkpoint import CheckpointException
 
+    if isinstance(exc, CheckpointError):
+        return str(exc)
     if isinstance(exc, CheckpointException):
         # Its str() is every rank's traceback; the last line per rank says what went wrong.
         causes = {f"rank {r}: {e!r}" for r, (e, _) in sorted(exc.failures.items())}
@@ -315,13 +358,21 @@ class Checkpointer:
     def _save(
         self, storage: CheckpointStorage, state: Mapping[str, Any], step: int, t0: float
     ) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
-
         stateful = _stateful(state)  # a bad state fails here, before any collective
         data_position = _data_position(state)
+        requested = requested_mode()
         group, rank = self._process_group()
         directory = storage.join(storage.root, step_dir_name(step))
+        writer = storage.writer(directory)
+        # In this thread, as dcp.async_save would: lazily created optimizer state exists
+        # here, and no state-dict helper of torch.distributed ever runs in a forked child.
+        flat = state_dicts(stateful)
+        mode: str | None = None
+        refused: str | None = None
+        try:
+            mode = choose_mode(requested, flat, storage, writer)
+        except CheckpointError as exc:
+            refused = str(exc)
         replaced: str | None = None
         problem: str | None = None
         if rank == 0:
@@ -331,33 +382,62 @@ class Checkpointer:
                     replaced = self._move_aside(storage, directory, step)
             except OSError as exc:
                 problem = f"cannot prepare {directory}: {exc}"
-        # Also the barrier: no rank writes into step-N before the leftover is gone.
-        problem = _from_rank_0(problem, group)
-        if problem is not None:
-            raise CheckpointError(problem)
-        response = dcp.async_save(
-            stateful,
-            storage_writer=storage.writer(directory),
-            process_group=group,
-            no_dist=group is None,
-        )
+        # Also the barrier: no rank writes into step-N before the leftover is gone. Every
+        # rank takes the same snapshot mode (their collectives differ): fork only if all can.
+        plan = local_plan(flat, rank) if mode == "fork" and group is not None else None
+        problem, mode, refused, plans = _agree(problem, mode, refused, plan, group)
+        if problem is not None or refused is not None:
+            if rank == 0 and replaced is not None:
+                self._restore_replaced(
+                    storage, _Pending(step, directory, t0, 0.0, None, None, replaced)
+                )
+            raise CheckpointError(problem or refused)
         pending = _Pending(
             step=step,
             directory=directory,
             started=t0,
-            blocked_s=time.monotonic() - t0,
-            # A stager of its own would hand back an AsyncSaveResponse; ours (the writer) does not.
-            future=(
-                response.upload_completion if isinstance(response, AsyncSaveResponse) else response
-            ),
+            blocked_s=0.0,
+            future=None,
             data_position=data_position,
             replaced=replaced,
         )
+        if mode == "fork":
+            share = my_share(plans, rank) if plans is not None else None
+            pending.forked = ForkedWrite(flat, writer, rank, share)
+        else:
+            pending.future = self._async_save(flat, writer, group)
         pending.thread = threading.Thread(
             target=self._commit, args=(pending, group, rank), name="air-checkpoint", daemon=True
         )
         self._pending = pending
         pending.thread.start()
+        if pending.forked is not None:
+            pending.launched.wait()  # the commit thread forks; the state is ours again after
+        pending.blocked_s = time.monotonic() - t0
+
+    @staticmethod
+    def _async_save(flat: dict[str, Any], writer: Any, group: Any) -> Future[Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+        response = dcp.async_save(
+            flat, storage_writer=writer, process_group=group, no_dist=group is None
+        )
+        # A stager of its own would hand back an AsyncSaveResponse; ours (the writer) does not.
+        if isinstance(response, AsyncSaveResponse):
+            return response.upload_completion
+        return response
+
+    def _launch(self, pending: _Pending) -> None:
+        """The commit thread forks the writer: the child's death signal is tied to the
+        forking thread, and this one lives until the child is reaped."""
+        assert pending.forked is not None
+        try:
+            pending.forked.start()
+        except BaseException as exc:
+            pending.fork_error = exc
+        finally:
+            pending.launched.set()
 
     def _commit(self, pending: _Pending, group: Any, rank: int) -> None:
         """The commit thread: DCP done -> hash own files -> gather -> rank 0 writes the manifest.
@@ -372,17 +452,31 @@ class Checkpointer:
         world = dist.get_world_size(group) if group is not None else 1
         mine: list[FileEntry] = []
         error: str | None = None
+        partial: Any = None  # fork: this rank's part of the DCP metadata
         try:
-            metadata = pending.future.result()
-            mine = self._hash_own_files(storage, pending.directory, metadata, rank, world)
+            if pending.forked is not None:
+                self._launch(pending)
+                if pending.fork_error is not None:
+                    raise CheckpointError(
+                        f"cannot fork the checkpoint writer: {pending.fork_error}"
+                    )
+                partial = pending.forked.wait()
+                mine = self._hash_own_files(
+                    storage, pending.directory, partial, rank, world, with_metadata=False
+                )
+            else:
+                assert pending.future is not None
+                metadata = pending.future.result()
+                mine = self._hash_own_files(storage, pending.directory, metadata, rank, world)
         except (Exception, CheckpointException) as exc:
             error = _describe(exc)
         outcome: Manifest | str
         try:
-            gathered: list[Any] = [(mine, error)]
+            gathered: list[Any] = [(mine, error, partial)]
             if group is not None:
-                gathered = [None] * world
-                dist.all_gather_object(gathered, (mine, error), group=group)
+                # Only rank 0 needs them (partial metadata grows with the model).
+                gathered = [None] * world if rank == 0 else None  # type: ignore[assignment]
+                dist.gather_object((mine, error, partial), gathered, dst=0, group=group)
             outcome = "rank 0 did not answer"
             if rank == 0:
                 try:
@@ -528,12 +622,20 @@ class Checkpointer:
 
     @staticmethod
     def _hash_own_files(
-        storage: CheckpointStorage, directory: str, metadata: Any, rank: int, world: int
+        storage: CheckpointStorage,
+        directory: str,
+        metadata: Any,
+        rank: int,
+        world: int,
+        *,
+        with_metadata: bool = True,
     ) -> list[FileEntry]:
         """This rank's share of the files DCP wrote: its own `__<rank>_*` files (still in
-        the page cache), and on rank 0 `.metadata` and anything not named after a rank."""
+        the page cache), and on rank 0 `.metadata` (unless rank 0 has yet to write it,
+        in fork mode) and anything not named after a rank."""
         paths = {info.relative_path for info in metadata.storage_data.values()}
-        paths.add(".metadata")
+        if with_metadata:
+            paths.add(".metadata")
         prefixes = {r: f"__{r}_" for r in range(world)}
         entries = []
         for path in sorted(paths):
@@ -546,11 +648,21 @@ class Checkpointer:
     def _write_manifest(
         self, storage: CheckpointStorage, pending: _Pending, gathered: list[Any], world: int
     ) -> Manifest | str:
-        errors = [f"rank {r}: {err}" for r, (_, err) in enumerate(gathered) if err]
+        errors = [f"rank {r}: {err}" for r, (_, err, _) in enumerate(gathered) if err]
         if errors:
             return "; ".join(errors)
         ctx = context()
-        files = sorted((e for entries, _ in gathered for e in entries), key=lambda e: e.path)
+        files = [e for entries, _, _ in gathered for e in entries]
+        if pending.forked is not None:  # the ranks' parts of the metadata make one .metadata
+            try:
+                merged = merge_metadata([part for _, _, part in gathered])
+            except ValueError as exc:
+                return f"the ranks' checkpoint metadata do not fit together: {exc}"
+            path = storage.join(pending.directory, ".metadata")
+            storage.write_atomic(path, pickle.dumps(merged))
+            size, sha = storage.digest(path)
+            files.append(FileEntry(path=".metadata", size=size, sha256=sha))
+        files.sort(key=lambda e: e.path)
         manifest = Manifest(
             step=pending.step,
             world_size=world,
@@ -568,18 +680,19 @@ class Checkpointer:
     def _report_commit(self, pending: _Pending, manifest: Manifest) -> None:
         from air_sdk.runtime._shipper import get_shipper
 
-        get_shipper().add_checkpoint(
-            {
-                "step": pending.step,
-                "path": pending.directory,
-                "world_size": manifest.world_size,
-                "size_bytes": manifest.size_bytes,
-                "num_files": len(manifest.files),
-                "blocked_s": round(pending.blocked_s, 4),
-                "durable_s": round(pending.durable_s, 4),
-                "attempt": manifest.attempt,
-            }
-        )
+        record = {
+            "step": pending.step,
+            "path": pending.directory,
+            "world_size": manifest.world_size,
+            "size_bytes": manifest.size_bytes,
+            "num_files": len(manifest.files),
+            "blocked_s": round(pending.blocked_s, 4),
+            "durable_s": round(pending.durable_s, 4),
+            "attempt": manifest.attempt,
+        }
+        if _COMMIT_HAS_SNAPSHOT:  # the gateway's schema forbids fields it does not know
+            record["snapshot"] = "fork" if pending.forked is not None else "copy"
+        get_shipper().add_checkpoint(record)
 
     def _report_restore(self, step: int, directory: str) -> None:
         from air_sdk.runtime._shipper import get_shipper
