@@ -243,7 +243,7 @@ def _child_main(
         try:
             result: tuple[str, Any] = ("ok", _write(state, writer, rank, share))
         except BaseException as exc:
-            result = ("error", f"{type(exc).__name__}: {exc}")
+            result = ("error", _describe(exc))
         data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(data)
         while view:
@@ -253,6 +253,14 @@ def _child_main(
         pass
     finally:
         os._exit(code)
+
+
+def _describe(exc: BaseException) -> str:
+    from torch.distributed.checkpoint import CheckpointException
+
+    if isinstance(exc, CheckpointException):  # its str() is a traceback per rank
+        return "; ".join(sorted({repr(e) for e, _ in exc.failures.values()})) or str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _detach(parent: int) -> None:
