@@ -170,6 +170,7 @@ class ForkedWrite:
 
     def start(self) -> None:
         """Fork; the child writes and exits. Raises OSError if the fork fails."""
+        _preload()
         # Anonymous (unlinked) and shared with the child: nothing to clean up after a crash.
         self._result = tempfile.TemporaryFile(prefix="air-ckpt-fork-")  # noqa: SIM115
         parent = os.getpid()
@@ -215,6 +216,20 @@ class ForkedWrite:
         if isinstance(outcome, tuple) and outcome[0] == "error":
             raise CheckpointError(f"{who} failed (exit status {code}): {outcome[1]}")
         raise CheckpointError(f"{who} exited with status {code} without reporting a result")
+
+
+def _preload() -> None:
+    """Import here what the child runs: an import in the child could wait forever for a
+    module lock that another thread of the parent held at the fork."""
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.checkpoint._dedup_save_plans  # noqa: F401
+    import torch.distributed.checkpoint._nested_dict  # noqa: F401
+    import torch.distributed.checkpoint.default_planner  # noqa: F401
+    import torch.distributed.checkpoint.filesystem  # noqa: F401
+    import torch.distributed.checkpoint.state_dict_saver  # noqa: F401
+    import torch.distributed.tensor  # noqa: F401
+
+    import air_sdk.runtime.supervise  # noqa: F401
 
 
 def _signal_name(sig: int) -> str:
@@ -265,8 +280,13 @@ def _describe(exc: BaseException) -> str:
 
 def _detach(parent: int) -> None:
     """Die with the parent; leave signals meant for the trainer to the trainer."""
+    import gc
+
     from air_sdk.runtime.supervise import set_parent_death_signal
 
+    # No collection here: it would run finalizers of the parent's garbage (a DataLoader
+    # iterator's would signal the parent's workers). The child lives seconds; _exit frees all.
+    gc.disable()
     # Tied to the forking thread (the commit thread), which lives until this child is reaped.
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the death signal was set

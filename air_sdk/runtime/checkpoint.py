@@ -10,7 +10,7 @@ start = air.checkpoint.load(state)        # None: nothing to resume; else the st
 for step in range((start or 0) + 1, num_steps + 1):
     train_step()
     if step % 100 == 0:
-        air.checkpoint.save(state, step=step)  # blocks only while the state is copied to CPU
+        air.checkpoint.save(state, step=step)  # blocks only while the state is snapshotted
 air.shutdown()                            # commits the save still in flight
 ```
 
@@ -25,17 +25,42 @@ value is saved once (from one rank): keep a value that differs between ranks
 under a per-rank key. Saving before the first optimizer step creates the
 optimizer's state (as `get_optimizer_state_dict` does), e.g. Adam's step count.
 
-Commit protocol. Each save writes `<dir>/step-<step>` with `dcp.async_save` (a
-leftover there is moved aside first, never written over). A commit thread waits for
-DCP, hashes this rank's files, all-gathers every rank's (path, size, sha256) and
-rank 0 fsyncs the directory and writes `manifest.json` last (tmp, fsync, rename,
-fsync), then broadcasts the outcome and applies retention. A directory without a
-valid manifest does not exist for restore. DCP's own background thread already
-issues collectives, so all checkpoint traffic runs on a dedicated gloo group that
-only one thread uses at a time: the commit thread while a save is in flight, the
-training thread (save's barrier, load) only once no save is. Training collectives
-stay on the default group. Committing in the background, rather than at the next
-save, makes a checkpoint restorable seconds after it was taken, not one interval later.
+Snapshot. `save` returns once it holds a snapshot of the state, taken one of two
+ways (`AIR_CHECKPOINT_SNAPSHOT`, default `auto`):
+
+* `fork`: the training thread builds the state dict (the `state_dict()` of the
+  wrappers above, so lazily created optimizer state exists in this process), the
+  ranks agree on who writes which replicated tensor (DCP's dedup), and the commit
+  thread forks. The child writes this rank's part of the standard DCP layout
+  (`__<rank>_*.distcp`) from its copy-on-write view of memory, with no collective,
+  hands its part of DCP's metadata back, and always leaves with `os._exit`; it dies
+  with the forking thread (PR_SET_PDEATHSIG). The save blocks for the state dict and
+  the fork, not for a copy; the copy is paid later, page by page, by the parent's
+  first write to each page while the child is alive (the next optimizer step), and
+  memory grows by up to one copy of the state until the child exits. See
+  `air_sdk.runtime._fork_snapshot`.
+* `copy`: `dcp.async_save` copies the state into CPU memory, then writes it.
+
+`auto` forks on Linux (not macOS) when every tensor of the state is on the CPU and
+the storage is a local directory (LocalStorage, or fsspec `file://`); else it copies.
+`fork` forces the fork and raises CheckpointError where it is unsafe (a CUDA tensor:
+forking a CUDA process is undefined; an in-memory store the child cannot share).
+Every rank uses the same mode: fork only if all can.
+
+Commit protocol. Each save writes `<dir>/step-<step>` (a leftover there is moved
+aside first, never written over). A commit thread waits for the writer (DCP's
+future, or the forked child: reaped with waitpid, its exit status or signal is the
+save's error), hashes this rank's files, gathers every rank's (path, size, sha256)
+on rank 0, which (fork) merges the ranks' metadata into `.metadata`, written
+atomically and hashed, fsyncs the directory and writes `manifest.json` last (tmp,
+fsync, rename, fsync), then broadcasts the outcome and applies retention. A
+directory without a valid manifest does not exist for restore. DCP's own background
+thread already issues collectives, so all checkpoint traffic runs on a dedicated
+gloo group that only one thread uses at a time: the commit thread while a save is in
+flight, the training thread (save's barrier, load) only once no save is. Training
+collectives stay on the default group. Committing in the background, rather than at
+the next save, makes a checkpoint restorable seconds after it was taken, not one
+interval later.
 """
 
 from __future__ import annotations
@@ -304,7 +329,8 @@ class Checkpointer:
     # ---- public: the guard ------------------------------------------------------------
 
     def save(self, state: Mapping[str, Any], step: int, *, block: bool = False) -> None:
-        """Start saving `state` as checkpoint `step`; returns once it is copied to CPU.
+        """Start saving `state` as checkpoint `step`; returns once it is snapshotted
+        (forked, or copied to CPU; see the module docstring).
 
         Waits first for the previous save and raises CheckpointError if that one
         failed. `block=True` also waits until this one is committed. Every rank calls it:
@@ -406,6 +432,7 @@ class Checkpointer:
             pending.forked = ForkedWrite(flat, writer, rank, share)
         else:
             pending.future = self._async_save(flat, writer, group)
+            pending.blocked_s = time.monotonic() - t0
         pending.thread = threading.Thread(
             target=self._commit, args=(pending, group, rank), name="air-checkpoint", daemon=True
         )
@@ -413,7 +440,6 @@ class Checkpointer:
         pending.thread.start()
         if pending.forked is not None:
             pending.launched.wait()  # the commit thread forks; the state is ours again after
-        pending.blocked_s = time.monotonic() - t0
 
     @staticmethod
     def _async_save(flat: dict[str, Any], writer: Any, group: Any) -> Future[Any]:
@@ -437,6 +463,7 @@ class Checkpointer:
         except BaseException as exc:
             pending.fork_error = exc
         finally:
+            pending.blocked_s = time.monotonic() - pending.started
             pending.launched.set()
 
     def _commit(self, pending: _Pending, group: Any, rank: int) -> None:
