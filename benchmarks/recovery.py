@@ -79,7 +79,9 @@ def rank_pid(marker: str, rank: int) -> int | None:
             continue
         if env.get("BENCH_MARKER") != marker or env.get("RANK") != str(rank):
             continue
-        if any("torch.distributed.run" in c or "supervise" in c for c in cmd):
+        if any(
+            "torch.distributed.run" in c or "air_sdk._agent" in c or "supervise" in c for c in cmd
+        ):
             continue
         if any(c.endswith("train.py") for c in cmd):
             return p.pid

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from air_sdk._agent import is_agent
 from air_sdk.runner.backends.local import job_processes
 
 
@@ -40,7 +41,7 @@ def rank_pid(job_id: str, rank: int) -> int | None:
     for p, cmdline, env in _job_procs(job_id):
         if env.get("RANK") != str(rank):
             continue
-        if any("torch.distributed.run" in c or "air_sdk.runtime.supervise" in c for c in cmdline):
+        if is_agent(cmdline) or any("air_sdk.runtime.supervise" in c for c in cmdline):
             continue
         return p.pid
     return None
@@ -49,7 +50,7 @@ def rank_pid(job_id: str, rank: int) -> int | None:
 def agent_pid(job_id: str, node: str) -> int | None:
     """The pid of the torchrun agent of `node` for the job's live attempt."""
     for p, cmdline, env in _job_procs(job_id):
-        if env.get("AIR_NODE_NAME") == node and "torch.distributed.run" in cmdline:
+        if env.get("AIR_NODE_NAME") == node and is_agent(cmdline):
             return p.pid
     return None
 

@@ -1,8 +1,9 @@
 """Local backend: every node of a placement is a torch elastic agent on this host.
 
-Each node runs `python -m torch.distributed.run` with c10d rendezvous on
-127.0.0.1, in its own session, so a 2-node job on one machine takes exactly the
-code path two machines would. Every rank runs under `air_sdk.runtime.supervise`,
+Each node runs a torchrun agent with c10d rendezvous on 127.0.0.1, in its own
+session, so a 2-node job on one machine takes exactly the code path two machines
+would. The agent is `python -m air_sdk._agent`: torchrun, polling its local
+rendezvous every 50 ms instead of every second. Every rank runs under `air_sdk.runtime.supervise`,
 which captures its output and records how it ended.
 
 torchrun starts workers in their own sessions, so killing an agent's process
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from air_sdk._agent import MODULE as AGENT_MODULE
+from air_sdk._agent import is_agent
 from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
 from air_sdk.scheduler import NodeSpec
@@ -129,7 +132,7 @@ class LocalBackend:
             cmd = [
                 sys.executable,
                 "-m",
-                "torch.distributed.run",
+                AGENT_MODULE,  # torchrun, polling its local rendezvous every 50 ms
                 f"--nnodes={len(placement.nodes)}",
                 f"--nproc-per-node={ranks_per_node}",
                 "--rdzv-backend=c10d",
@@ -173,7 +176,7 @@ class LocalBackend:
                 cmdline, env = p.cmdline(), p.environ()
             except psutil.Error:
                 continue
-            if "torch.distributed.run" not in cmdline:
+            if not is_agent(cmdline):
                 continue  # a supervisor or a rank: found again under its agent
             name = env.get("AIR_NODE_NAME", f"pid-{pid}")
             node = _Node(name, None, attempt_dir / f"{name}.agent.log", {pid}, pid, ranks_per_node)
@@ -195,9 +198,7 @@ class LocalBackend:
                 cmdline, env = p.cmdline(), p.environ()
             except psutil.Error:
                 continue
-            if any(
-                "torch.distributed.run" in c or "air_sdk.runtime.supervise" in c for c in cmdline
-            ):
+            if is_agent(cmdline) or any("air_sdk.runtime.supervise" in c for c in cmdline):
                 continue  # launchers and supervisors: the rank is the supervisor's child
             rank = int(env.get("RANK", "-1"))
             if rank < 0:
