@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODES",
+    "WRITER_NAME",
     "ForkedWrite",
     "choose_mode",
     "local_plan",
@@ -44,6 +45,10 @@ __all__ = [
 ]
 
 ENV = "AIR_CHECKPOINT_SNAPSHOT"
+#: The writer's process name (/proc/<pid>/comm, psutil's name()). It shares its trainer's
+#: environment and command line (RANK, AIR_JOB_ID): tools that look for a rank's process
+#: by those should pass over this name, as over a DataLoader worker's.
+WRITER_NAME = "air-ckpt-writer"
 MODES = ("auto", "fork", "copy")
 _EXIT_OK, _EXIT_ERROR, _EXIT_UNREPORTED = 0, 1, 2
 
@@ -270,6 +275,15 @@ def _child_main(
         os._exit(code)
 
 
+def _set_name(name: str) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):  # not Linux: the name stays
+        pass
+
+
 def _describe(exc: BaseException) -> str:
     from torch.distributed.checkpoint import CheckpointException
 
@@ -289,6 +303,7 @@ def _detach(parent: int) -> None:
     gc.disable()
     # Tied to the forking thread (the commit thread), which lives until this child is reaped.
     set_parent_death_signal(signal.SIGKILL)
+    _set_name(WRITER_NAME)
     if os.getppid() != parent:  # the parent died before the death signal was set
         os._exit(_EXIT_UNREPORTED)
     for sig in (signal.SIGINT, signal.SIGTERM):

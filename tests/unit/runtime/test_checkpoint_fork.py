@@ -368,3 +368,21 @@ def test_two_ranks_fork_save_and_load_across_world_sizes(tmp_path: Path) -> None
 
     resharded = torch.load(tmp_path / "single-into-2.pt")
     assert all(torch.equal(v, resharded[k]) for k, v in single.state_dict().items())
+
+
+def test_the_writer_is_named_so_tools_can_tell_it_from_its_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    psutil = pytest.importorskip("psutil")
+    seen: list[str] = []
+    in_child(monkeypatch, lambda rank: time.sleep(1.0))
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(make_state(), step=1)
+    pending = ckpt._pending
+    assert pending is not None and pending.forked is not None and pending.forked.pid
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _fork_snapshot.WRITER_NAME not in seen:
+        seen.append(psutil.Process(pending.forked.pid).name())
+        time.sleep(0.05)
+    assert _fork_snapshot.WRITER_NAME in seen
+    assert ckpt.wait() == 1
