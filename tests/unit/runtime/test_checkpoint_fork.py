@@ -302,7 +302,7 @@ air.shutdown()
 """
 
 
-def torchrun(tmp_path: Path, script: str) -> str:
+def torchrun(tmp_path: Path, script: str, snapshot: str) -> str:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -314,6 +314,7 @@ def torchrun(tmp_path: Path, script: str) -> str:
         OMP_NUM_THREADS="1",
         GLOO_SOCKET_IFNAME="lo",
         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        AIR_CHECKPOINT_SNAPSHOT=snapshot,
     )
     path = tmp_path / "two_ranks.py"
     path.write_text(textwrap.dedent(script))
@@ -330,15 +331,17 @@ def torchrun(tmp_path: Path, script: str) -> str:
 
 
 @pytest.mark.slow
-def test_two_ranks_fork_save_and_load_across_world_sizes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("snapshot", ["auto", "copy"])
+def test_two_ranks_save_and_load_across_world_sizes(tmp_path: Path, snapshot: str) -> None:
     torch.manual_seed(11)
     single = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3))
     Checkpointer(tmp_path / "single").save({"model": single}, step=1, block=True)
 
-    out = torchrun(tmp_path, TWO_RANKS)
+    out = torchrun(tmp_path, TWO_RANKS, snapshot)
+    used = "fork" if snapshot == "auto" else "copy"  # auto: CPU tensors and local files
     for rank in (0, 1):
-        assert f"rank {rank} ddp snapshot: fork" in out
-        assert f"rank {rank} fsdp snapshot: fork" in out
+        assert f"rank {rank} ddp snapshot: {used}" in out
+        assert f"rank {rank} fsdp snapshot: {used}" in out
         assert f"rank {rank} fsdp resumed equal: True" in out
 
     ddp_dir = tmp_path / "ddp" / "step-1"
