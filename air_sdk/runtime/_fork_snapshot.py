@@ -332,6 +332,9 @@ def _write(state: dict[str, Any], writer: Any, rank: int, share: set[Any] | None
 
     writer.set_up_storage_writer = set_up_storage_writer
     writer.finish = finish
+    # DCP's overlapping loader touches the accelerator's streams wherever CUDA is
+    # available; a child forked from a process that initialized CUDA must never do so.
+    writer.per_thread_copy_ahead = 0
     dcp.save(state, storage_writer=writer, planner=_rank_planner(share), no_dist=True)
     return captured[0]
 
