@@ -389,3 +389,16 @@ def test_the_writer_is_named_so_tools_can_tell_it_from_its_rank(
         time.sleep(0.05)
     assert _fork_snapshot.WRITER_NAME in seen
     assert ckpt.wait() == 1
+
+
+@pytest.mark.parametrize("mode", ["fork", "copy"])
+def test_the_commit_record_names_the_snapshot_where_the_schema_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_process: Recorder, mode: str
+) -> None:
+    monkeypatch.setenv("AIR_CHECKPOINT_SNAPSHOT", mode)
+    monkeypatch.setattr(checkpoint, "_COMMIT_HAS_SNAPSHOT", True)
+    Checkpointer(tmp_path).save(make_state(), step=1, block=True)
+    assert one_process.records[0]["snapshot"] == mode
+    monkeypatch.setattr(checkpoint, "_COMMIT_HAS_SNAPSHOT", False)  # as the gateway is today
+    Checkpointer(tmp_path).save(make_state(), step=2, block=True)
+    assert "snapshot" not in one_process.records[1]
