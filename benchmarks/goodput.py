@@ -10,6 +10,11 @@ the median step time, wall = end - start (submit or Popen to the end of the wind
 For AIR the gateway's own `job.record().goodput` is reported next to it.
 The issue's full figure is 600 s with a kill every 60 s (`--duration 600 --kill-every 60`).
 
+AIR runs twice, one after the other: with its warm agent pool (the default) and,
+unless --no-cold, with `AIR_WARM_AGENTS=0` (cold agents, as before warm agents).
+The runs are sequential (each needs the 2 cores to itself), so their load differs:
+the load average is recorded before and after each.
+
 Usage: .venv/bin/python benchmarks/goodput.py --duration 180 --kill-every 45
 """
 
@@ -23,7 +28,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
@@ -37,7 +44,7 @@ from _common import (  # noqa: E402
     median,
     write_result,
 )
-from recovery import rank_pid  # noqa: E402
+from recovery import air_gateway_cold, rank_pid  # noqa: E402
 
 STEP_SLEEP_S = 0.1
 
@@ -208,13 +215,29 @@ def main() -> None:
     ap.add_argument(
         "--step-s", type=float, default=0.12, help="expected step time, to turn seconds into K"
     )
+    ap.add_argument(
+        "--no-cold", action="store_true", help="skip AIR with AIR_WARM_AGENTS=0 (before)"
+    )
     args = ap.parse_args()
     every = max(1, round(args.ckpt_every / args.step_s))
     src = Path(tempfile.mkdtemp(prefix="air-bench-goodput-"))
     (src / "train.py").write_text(SCRIPT)
+    loads: dict[str, tuple[float, float]] = {}
+
+    def timed(name: str, fn: Callable[..., dict], *a: Any) -> dict:
+        before = os.getloadavg()[0]
+        out = fn(*a)
+        loads[name] = (before, os.getloadavg()[0])
+        print(f"{name}: goodput {fmt(out['goodput'], 3)}; load {loads[name]}", flush=True)
+        return out
+
     with air_gateway() as (client, _gw, _home):
-        air = run_air(client, src, args, every)
-    torchrun = run_torchrun(src, args, every)
+        air = timed("AIR", run_air, client, src, args, every)
+    cold = None
+    if not args.no_cold:
+        with air_gateway_cold() as (client, _gw, _home):
+            cold = timed("AIR cold", run_air, client, src, args, every)
+    torchrun = timed("torchrun", run_torchrun, src, args, every)
     print(
         header(
             f"Goodput: {args.duration:g} s, rank 1 SIGKILLed every {args.kill_every:g} s, "
@@ -223,18 +246,23 @@ def main() -> None:
     )
     print()
     rows = []
-    for name, r in (("AIR", air), ("torchrun --max-restarts=100", torchrun)):
+    runners = [("AIR (warm agents)", "AIR", air)]
+    if cold is not None:
+        runners.append(("AIR, AIR_WARM_AGENTS=0 (before)", "AIR cold", cold))
+    runners.append(("torchrun --max-restarts=100", "torchrun", torchrun))
+    for name, key, r in runners:
         rows.append(
             [
                 name,
                 fmt(r["goodput"], 3),
-                fmt(r.get("air_goodput_at_end"), 3) if name == "AIR" else "n/a",
+                fmt(r.get("air_goodput_at_end"), 3) if name.startswith("AIR") else "n/a",
                 r["final_step"],
                 r["steps_run"],
                 fmt(r["median_step_s"], 3),
                 fmt(r["wall_s"], 1),
                 len(r["kills_at_s"]),
                 ", ".join(str(s) for s in r["resumes"]),
+                "{:.1f} -> {:.1f}".format(*loads[key]),
             ]
         )
     print(
@@ -249,12 +277,16 @@ def main() -> None:
                 "wall s",
                 "kills",
                 "resumed from",
+                "load",
             ],
             rows,
         )
     )
     ratio = air["goodput"] / torchrun["goodput"]
     print(f"\nAIR / torchrun goodput: {ratio:.3f}x (goal: AIR >= 0.85 and above torchrun)")
+    if cold is not None:
+        print(f"AIR with warm agents off / torchrun: {cold['goodput'] / torchrun['goodput']:.3f}x")
+        print(f"AIR (warm agents off) attempts' time lost s: {cold['attempt_lost_s']}")
     print(f"AIR attempts' time lost s: {air['attempt_lost_s']}")
     write_result(
         "goodput",
@@ -262,8 +294,10 @@ def main() -> None:
             "args": vars(args),
             "every_steps": every,
             "air": air,
+            "air_cold": cold,
             "torchrun": torchrun,
             "ratio": ratio,
+            "loadavg": loads,
         },
     )
 

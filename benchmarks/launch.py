@@ -7,7 +7,13 @@ The same tiny DDP script runs three ways, interleaved run by run:
   (what a user watching the job sees), and until SUCCEEDED;
 - torchrun c10d: two bare `python -m torch.distributed.run` c10d agents, as the
   local backend starts them, timed until rank 0 prints "step 10" on stdout;
-- torchrun --standalone --nproc-per-node=2, for reference.
+- torchrun --standalone --nproc-per-node=2, for reference;
+- AIR again on a second gateway started with `AIR_WARM_AGENTS=0` (cold agents:
+  how AIR launched before its warm agent pool), unless --no-cold.
+
+The first AIR job on a gateway starts cold agents (the warm pool fills from the
+first launch on); the warm-up round takes that one, so timed AIR runs find warm
+agents as on a gateway that has run a job before.
 
 Rank 0 also prints the wall-clock time at which it reached step 10, so the
 launch part (submit -> step 10 in the worker) can be told apart from the
@@ -19,6 +25,7 @@ reporting part (worker -> client).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -41,6 +48,7 @@ from _common import (  # noqa: E402
     median,
     write_result,
 )
+from recovery import air_gateway_cold  # noqa: E402
 
 GOAL_RATIO = 1.10
 STEP = 10
@@ -278,14 +286,18 @@ def run_torchrun(code_dir: Path, script_args: list[str], standalone: bool) -> di
     return out
 
 
-KINDS = ("air", "torchrun-c10d", "torchrun-standalone")
+KINDS = ("air", "torchrun-c10d", "torchrun-standalone", "air-cold")
 
 
 def run_one(
-    kind: str, client: Any, code_dir: Path, script_args: list[str], gateway_pid: int
+    kind: str,
+    gateways: dict[str, tuple[Any, Any]],
+    code_dir: Path,
+    script_args: list[str],
 ) -> dict[str, Any]:
-    if kind == "air":
-        return run_air(client, code_dir, script_args, gateway_pid)
+    if kind in gateways:
+        client, gw = gateways[kind]
+        return run_air(client, code_dir, script_args, gw.pid)
     return run_torchrun(code_dir, script_args, standalone=kind == "torchrun-standalone")
 
 
@@ -300,20 +312,29 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="seconds of training after step 10 (sets --steps from 50 ms steps)",
     )
+    p.add_argument(
+        "--no-cold", action="store_true", help="skip AIR with AIR_WARM_AGENTS=0 (before)"
+    )
     a = p.parse_args(argv)
+    kinds = tuple(k for k in KINDS if not (a.no_cold and k == "air-cold"))
     step_sleep = 0.05
     steps = max(a.steps, STEP) if a.duration is None else STEP + int(a.duration / step_sleep)
     script_args = ["--steps", str(steps), "--step-sleep", str(step_sleep)]
     code_dir = bench_dir("air-bench-launch-")
     (code_dir / "train_tiny.py").write_text(TRAIN_SCRIPT)
 
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     load_before = os.getloadavg()
     t_start = time.perf_counter()
-    with air_gateway(num_nodes=2, slots_per_node=1) as (client, gw, _home):
+    with contextlib.ExitStack() as stack:
+        client, gw, _home = stack.enter_context(air_gateway(num_nodes=2, slots_per_node=1))
+        gateways = {"air": (client, gw)}
+        if "air-cold" in kinds:
+            c2, gw2, _ = stack.enter_context(air_gateway_cold(num_nodes=2, slots_per_node=1))
+            gateways["air-cold"] = (c2, gw2)
         for i in range(a.warmup + a.runs):
-            for kind in KINDS:  # interleaved: AIR, c10d, standalone, AIR, ...
-                r = run_one(kind, client, code_dir, script_args, gw.pid)
+            for kind in kinds:  # interleaved: AIR, c10d, standalone, AIR cold, AIR, ...
+                r = run_one(kind, gateways, code_dir, script_args)
                 tag = "warmup" if i < a.warmup else f"run {i - a.warmup + 1}"
                 print(
                     f"{tag:>8} {kind:<20} step10 seen {fmt(r.get('seen_s'))} s,"
@@ -340,9 +361,16 @@ def main(argv: list[str] | None = None) -> None:
             ),
             "end_s": median([r["end_s"] for r in good]),
         }
-    air_runs = [r for r in runs["air"] if r["ok"]]
-    for key in ("submit_returned_s", "starting_s", "running_s", "log_step10_s", "gateway_cpu_s"):
-        summary["air"][key] = median([r[key] for r in air_runs if key in r])
+    for kind in ("air", "air-cold"):
+        air_runs = [r for r in runs.get(kind, []) if r["ok"]]
+        for key in (
+            "submit_returned_s",
+            "starting_s",
+            "running_s",
+            "log_step10_s",
+            "gateway_cpu_s",
+        ):
+            summary[kind][key] = median([r[key] for r in air_runs if key in r])
     base = summary["torchrun-c10d"]
     ratio = summary["air"]["seen_s"] / base["seen_s"] if base["seen_s"] else float("nan")
     ratio_worker = (
@@ -356,8 +384,9 @@ def main(argv: list[str] | None = None) -> None:
         "air": "AIR (submit -> metrics event step 10)",
         "torchrun-c10d": "torchrun c10d, 2 agents (-> stdout)",
         "torchrun-standalone": "torchrun --standalone (-> stdout)",
+        "air-cold": "AIR, AIR_WARM_AGENTS=0 (before warm agents)",
     }
-    for kind in KINDS:
+    for kind in kinds:
         s = summary[kind]
         each = ", ".join(fmt(r.get("seen_s")) if r["ok"] else "fail" for r in runs[kind])
         rows.append(
@@ -389,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     air = summary["air"]
     phase_rows = []
-    for kind in KINDS:
+    for kind in kinds:
         s = summary[kind]
         marks = [s[f"worker_{ph}_s"] for ph in PHASES] + [s["worker_step10_s"], s["seen_s"]]
         steps_ = [marks[0]] + [b - a_ for a_, b in zip(marks, marks[1:], strict=False)]
@@ -417,6 +446,16 @@ def main(argv: list[str] | None = None) -> None:
         f" SUCCEEDED {fmt(air['end_s'])} s; the gateway used {fmt(air['gateway_cpu_s'])} s of CPU"
         " per job"
     )
+    ratio_cold = (
+        summary["air-cold"]["seen_s"] / base["seen_s"] if "air-cold" in summary else float("nan")
+    )
+    if "air-cold" in summary:
+        cold = summary["air-cold"]
+        print(
+            f"AIR with AIR_WARM_AGENTS=0: RUNNING seen {fmt(cold.get('running_s'))} s,"
+            f" step 10 in worker {fmt(cold['worker_step10_s'])} s,"
+            f" metrics event {fmt(cold['seen_s'])} s ({fmt(ratio_cold, 3)}x c10d)"
+        )
     verdict = "meets" if ratio <= GOAL_RATIO else "misses"
     print(
         f"AIR / torchrun-c10d: {fmt(ratio, 3)}x to step 10 seen ({verdict} the <= {GOAL_RATIO}x goal);"
@@ -435,6 +474,7 @@ def main(argv: list[str] | None = None) -> None:
             "goal_ratio": GOAL_RATIO,
             "ratio_air_vs_c10d": ratio,
             "ratio_air_vs_c10d_worker_step10": ratio_worker,
+            "ratio_air_cold_vs_c10d": ratio_cold,
             "summary": summary,
             "runs": runs,
         },

@@ -2,10 +2,24 @@
 AIR vs `torchrun --max-restarts=3` running the same script with the same resume code
 (air.checkpoint every 5 steps), interleaved, 2 nodes x 1 rank, gloo on CPU.
 
+AIR runs twice per round, on two gateways: with its warm agent pool (the default)
+and with `AIR_WARM_AGENTS=0` (cold agents: every attempt starts fresh torchrun
+interpreters, as before warm agents), so before and after come from the same run.
+For the warm gateway it reports how many of the restart's agents came from the pool.
+A job's own launch takes the pool's agents and their replacements warm once a core
+is idle, so on the warm gateway the kill waits (past step 30) until 2 are ready: the
+restart of a job that has run a while. Each gateway first runs one untimed job.
+Every run stops once rank 0 has made its first step after the resume.
+
 AIR's time is split from its event log: kill -> RESTARTING (detect + teardown),
 RESTARTING -> STARTING (backoff + relaunch), STARTING -> RUNNING (launch +
 rendezvous: every rank up), RUNNING -> restored (checkpoint load), restored -> first
 step. Both report which step they resumed from next to the newest committed one.
+
+Both are timed to rank 0's own print of its first step after the resume (the same
+clock for both). For AIR the time that step's metrics event reached the gateway is
+shown too (it adds the shipper's flush interval); figures before 2026-11-30 17:00
+UTC used that event.
 
 Usage: .venv/bin/python benchmarks/recovery.py --runs 3
 """
@@ -13,6 +27,7 @@ Usage: .venv/bin/python benchmarks/recovery.py --runs 3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
@@ -37,19 +54,28 @@ from _common import (  # noqa: E402
 
 SCRIPT = """
 import os, sys, time
+T0 = time.time()
 import torch, torch.nn.functional as F
 import air_sdk.runtime as air
 
+def phase(name, t=None):
+    if os.environ.get("RANK") == "0":
+        print(f"PHASE {name} {time.time() if t is None else t}", flush=True)
+
+phase("start", T0)
+phase("imported")
 ctx = air.init()
+phase("init")
 air.checkpoint.configure(sys.argv[1], keep=2)
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
+phase("ddp")
 optim = torch.optim.SGD(model.parameters(), lr=0.01)
 state = {"model": model, "optim": optim}
 step = air.checkpoint.load(state) or 0
 if ctx.rank == 0:
     print(f"RESUMED {step} {time.time()}", flush=True)
-while step < 400:
+while step < 100_000:  # until the benchmark stops it, after the first resumed step
     step += 1
     x = torch.randn(64, 32)
     loss = F.mse_loss(model(x), x)
@@ -60,12 +86,98 @@ while step < 400:
     if step % 5 == 0:
         air.checkpoint.save(state, step=step)
     time.sleep(0.05)
-air.checkpoint.wait()
-del model
-air.shutdown()
 """
 
 KILL_AT_STEP = 30
+#: rank 0's milestones after the kill, in order (PHASE lines, RESUMED, the first STEP)
+TIMELINE = ("start", "imported", "init", "ddp", "resumed", "first step")
+
+
+def timeline(lines: list[str], t_kill: float) -> dict[str, float]:
+    """Seconds from the kill to each of rank 0's milestones in `lines` (its output after
+    the kill), the same for AIR and torchrun."""
+    out: dict[str, float] = {}
+    for x in lines:
+        parts = x.split()
+        if x.startswith("PHASE ") and len(parts) == 3:
+            out.setdefault(parts[1], float(parts[2]) - t_kill)
+        elif x.startswith("RESUMED ") and len(parts) == 3:
+            out.setdefault("resumed", float(parts[2]) - t_kill)
+        elif x.startswith("STEP ") and "resumed" in out and len(parts) == 3:
+            out.setdefault("first step", float(parts[2]) - t_kill)
+    return out
+
+
+@contextlib.contextmanager
+def air_gateway_cold(**kwargs: Any) -> Iterator[tuple[Any, Any, Path]]:
+    """`air_gateway` with the warm agent pool off (AIR_WARM_AGENTS=0): AIR as it was
+    before warm agents. The gateway reads the variable when it starts (peers ignore it)."""
+    old = os.environ.get("AIR_WARM_AGENTS")
+    os.environ["AIR_WARM_AGENTS"] = "0"
+    try:
+        with air_gateway(**kwargs) as value:
+            yield value
+    finally:
+        if old is None:
+            os.environ.pop("AIR_WARM_AGENTS", None)
+        else:
+            os.environ["AIR_WARM_AGENTS"] = old
+
+
+def warm_idle(gateway_pid: int | None) -> set[int]:
+    """The gateway's idle warm agents that finished their imports."""
+    import psutil
+
+    if gateway_pid is None:
+        return set()
+    found = set()
+    try:
+        children = psutil.Process(gateway_pid).children()
+    except psutil.Error:
+        return found
+    for c in children:
+        try:
+            cmd = c.cmdline()
+        except psutil.Error:
+            continue
+        if "air-warm-agent" in cmd and "ready" in cmd:
+            found.add(c.pid)
+    return found
+
+
+def warm_up(client: Any, src: Path, gateway_pid: int | None, timeout_s: float = 180) -> None:
+    """One untimed job that does nothing (the warm pool fills from a gateway's first
+    launch on), then wait for 2 ready warm agents: the timed runs see a gateway that
+    has run a job before, as launch.py's warm-up round does."""
+    from air_sdk.schema import JobSpec, Resources
+
+    client.submit(JobSpec(entrypoint="noop.py", resources=Resources(nodes=2)), workdir=src).wait(
+        timeout=timeout_s
+    )
+    deadline = time.time() + timeout_s
+    while gateway_pid is not None and len(warm_idle(gateway_pid)) < 2:
+        if time.time() > deadline:
+            print("warning: the warm pool was not ready", flush=True)
+            return
+        time.sleep(0.2)
+
+
+def warm_used(ready_before: set[int], gateway_pid: int | None) -> int:
+    """How many of the warm agents that were ready before the kill were taken since
+    (a taken one turns into the attempt's agent and is gone once the job ended)."""
+    return len(ready_before - warm_idle(gateway_pid))
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL whatever this benchmark started for `marker` and is still left (by env)."""
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("BENCH_MARKER") == marker:
+                p.kill()
+        except psutil.Error:
+            continue
 
 
 def rank_pid(marker: str, rank: int) -> int | None:
@@ -97,7 +209,7 @@ def newest_commit(directory: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def run_air(client, src: Path, home: Path) -> dict:
+def run_air(client, src: Path, home: Path, gateway_pid: int | None = None) -> dict:
     from air_sdk.schema import JobSpec, Resources
 
     marker = f"air-{time.time_ns()}"
@@ -119,11 +231,32 @@ def run_air(client, src: Path, home: Path) -> dict:
         if time.time() > deadline:
             raise RuntimeError(f"AIR job never reached step {KILL_AT_STEP}: {job.record()}")
         time.sleep(0.05)
+    # The job's own launch took the pool's agents; their replacements warm once a core
+    # is idle. Kill once they are ready: a failure in a job that has run a while.
+    t_pool = time.time()
+    while gateway_pid is not None and len(warm_idle(gateway_pid)) < 2:
+        if time.time() - t_pool > 90:
+            break
+        time.sleep(0.1)
+    pool_wait = time.time() - t_pool
     newest = newest_commit(ckpt)
     pid = rank_pid(marker, 1)
+    ready = warm_idle(gateway_pid)
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
-    record = job.wait(timeout=300)
+    deadline = time.time() + 300
+    while True:  # until rank 0's first step after the resume is in the log and the events
+        texts = [line.text for line in job.logs(rank=0, attempt=2)]
+        resumed_at = next((i for i, t in enumerate(texts) if t.startswith("RESUMED")), None)
+        stepped = resumed_at is not None and any(t.startswith("STEP ") for t in texts[resumed_at:])
+        metrics = stepped and any(
+            e.type.value == "metrics" and e.attempt == 2 for e in job.events(limit=10_000).events
+        )
+        if metrics or job.record().state.terminal or time.time() > deadline:
+            break
+        time.sleep(1.0)  # the figures come from printed times; poll lightly
+    job.cancel()
+    record = job.wait(timeout=120)
     events = job.events(limit=10_000).events
     phases: dict[str, float] = {}
     restarting = next(
@@ -156,21 +289,27 @@ def run_air(client, src: Path, home: Path) -> dict:
     if running:
         phases["launch+rendezvous"] = running - starting
     resumed = job.attempts()[1].resumed_from_step
-    printed = [
-        float(line.text.split()[2])
-        for line in job.logs(rank=0, attempt=2)
-        if line.text.startswith("RESUMED")
-    ]
+    lines = [line.text for line in job.logs(rank=0, attempt=2)]
+    printed = [float(t.split()[2]) for t in lines if t.startswith("RESUMED")]
+    first_printed = next((float(t.split()[2]) for t in lines if t.startswith("STEP ")), None)
     if printed and running:
         phases["load (printed by rank 0)"] = printed[0] - running
-    total = (first_step - t_kill) if first_step else float("nan")
+    if printed and first_printed:
+        phases["first step (printed by rank 0)"] = first_printed - printed[0]
+    # The same clock as torchrun's figure: rank 0's own print of its first step.
+    total = (first_printed - t_kill) if first_printed else float("nan")
     return {
         "state": record.state.value,
         "total_s": total,
+        "seen_s": (first_step - t_kill) if first_step else float("nan"),
         "phases": phases,
         "restored_after_running_s": (restored - running) if restored and running else None,
         "resumed_from": resumed,
         "newest_committed_at_kill": newest,
+        "timeline": timeline(lines, t_kill),
+        "pool_wait_s": pool_wait,
+        "warm_ready_at_kill": len(ready),
+        "warm_used": warm_used(ready, gateway_pid),
     }
 
 
@@ -205,8 +344,22 @@ def run_torchrun(src: Path) -> dict:
     seen = len(lines)
     t_kill = time.time()
     os.kill(rank_pid(marker, 1), signal.SIGKILL)
+    deadline = time.time() + 300
+    while time.time() < deadline and all(p.poll() is None for p in procs):
+        after = lines[seen:]
+        resumed_at = next((i for i, x in enumerate(after) if x.startswith("RESUMED")), None)
+        if resumed_at is not None and any(x.startswith("STEP ") for x in after[resumed_at:]):
+            break
+        time.sleep(0.1)
+    for p in procs:  # the first step after the resume is all this measures
+        p.terminate()
     for p in procs:
-        p.wait(timeout=300)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    kill_marked(marker)
     after = lines[seen:]
     resumed = next((int(x.split()[1]) for x in after if x.startswith("RESUMED")), None)
     resumed_at = next((i for i, x in enumerate(after) if x.startswith("RESUMED")), None)
@@ -216,18 +369,52 @@ def run_torchrun(src: Path) -> dict:
             (float(x.split()[2]) for x in after[resumed_at:] if x.startswith("STEP")), None
         )
     return {
-        "state": "SUCCEEDED"
-        if all(p.returncode == 0 for p in procs)
-        else f"exit {[p.returncode for p in procs]}",
+        "state": f"stopped after the first resumed step (exit {[p.returncode for p in procs]})",
         "total_s": (first - t_kill) if first else float("nan"),
         "resumed_from": resumed,
         "newest_committed_at_kill": newest,
+        "timeline": timeline(after, t_kill),
     }
+
+
+def phase_rows(variants: list[tuple[str, list[dict]]]) -> list[list[str]]:
+    names = sorted({k for _, runs in variants for r in runs for k in r["phases"]})
+    rows = [
+        [
+            k,
+            *(
+                fmt(median([r["phases"][k] for r in runs if k in r["phases"]]))
+                for _, runs in variants
+            ),
+        ]
+        for k in names
+    ]
+    rows.append(
+        [
+            "restore after every rank up",
+            *(
+                fmt(
+                    median(
+                        [
+                            r["restored_after_running_s"]
+                            for r in runs
+                            if r["restored_after_running_s"] is not None
+                        ]
+                    )
+                )
+                for _, runs in variants
+            ),
+        ]
+    )
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument(
+        "--no-cold", action="store_true", help="skip AIR with AIR_WARM_AGENTS=0 (before)"
+    )
     args = ap.parse_args()
     src = Path(tempfile.mkdtemp(prefix="air-bench-recovery-"))
     (src / "train.py").write_text(
@@ -236,59 +423,109 @@ def main() -> None:
             "air.checkpoint.configure(None if sys.argv[1] == 'CKPT' else sys.argv[1], keep=2)",
         )
     )
-    air_runs, torchrun_runs = [], []
-    with air_gateway() as (client, _gw, home):
-        for _ in range(args.runs):
-            air_runs.append(run_air(client, src, home))
+    air_runs: list[dict] = []
+    cold_runs: list[dict] = []
+    torchrun_runs: list[dict] = []
+    load_before = os.getloadavg()
+    t0 = time.time()
+    (src / "noop.py").write_text("")
+    with contextlib.ExitStack() as stack:
+        client, gw, home = stack.enter_context(air_gateway())
+        cold = None if args.no_cold else stack.enter_context(air_gateway_cold())
+        warm_up(client, src, gw.pid)
+        if cold is not None:
+            warm_up(cold[0], src, None)
+        for i in range(args.runs):  # interleaved: AIR, AIR cold, torchrun, AIR, ...
+            t_wait = time.time()
+            while len(warm_idle(gw.pid)) < 2 and time.time() - t_wait < 120:
+                time.sleep(0.2)  # a gateway that has been idle a moment has its pool ready
+            air_runs.append(run_air(client, src, home, gw.pid))
+            if cold is not None:
+                cold_runs.append(run_air(cold[0], src, cold[2]))
             torchrun_runs.append(run_torchrun(src))
+            print(
+                f"run {i + 1}: AIR {fmt(air_runs[-1]['total_s'])} s"
+                f" (warm agents used {air_runs[-1]['warm_used']}/2),"
+                + (f" AIR cold {fmt(cold_runs[-1]['total_s'])} s," if cold_runs else "")
+                + f" torchrun {fmt(torchrun_runs[-1]['total_s'])} s; load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+    load_after = os.getloadavg()
+    variants = [("AIR (warm agents)", air_runs)]
+    if cold_runs:
+        variants.append(("AIR, AIR_WARM_AGENTS=0 (before)", cold_runs))
     rows = []
-    for name, runs in (("AIR", air_runs), ("torchrun --max-restarts=3", torchrun_runs)):
+    for name, runs in [*variants, ("torchrun --max-restarts=3", torchrun_runs)]:
         rows.append(
             [
                 name,
                 fmt(median([r["total_s"] for r in runs])),
+                fmt(median([r["seen_s"] for r in runs])) if "seen_s" in runs[0] else "n/a",
                 ", ".join(fmt(r["total_s"]) for r in runs),
                 ", ".join(f"{r['resumed_from']}/{r['newest_committed_at_kill']}" for r in runs),
             ]
         )
+    print()
     print(header(f"Recovery: SIGKILL of one rank to the first resumed step, median of {args.runs}"))
     print()
     print(
         markdown_table(
-            ["runner", "median s", "runs s", "resumed from / newest committed at kill"], rows
+            [
+                "runner",
+                "median s (rank 0's first step)",
+                "median s (its metrics event at the gateway)",
+                "runs s",
+                "resumed from / newest committed at kill",
+            ],
+            rows,
         )
     )
-    phase_names = sorted({k for r in air_runs for k in r["phases"]})
     print()
     print(
         markdown_table(
-            ["AIR phase", "median s"],
+            ["AIR phase (median s)", *(name for name, _ in variants)], phase_rows(variants)
+        )
+    )
+    print()
+    every = [*variants, ("torchrun --max-restarts=3", torchrun_runs)]
+    print(
+        markdown_table(
+            ["rank 0 after the kill (median s)", *(name for name, _ in every)],
             [
-                [k, fmt(median([r["phases"][k] for r in air_runs if k in r["phases"]]))]
-                for k in phase_names
-            ]
-            + [
                 [
-                    "restore after every rank up",
-                    fmt(
-                        median(
-                            [
-                                r["restored_after_running_s"]
-                                for r in air_runs
-                                if r["restored_after_running_s"] is not None
-                            ]
-                        )
+                    k,
+                    *(
+                        fmt(median([r["timeline"][k] for r in runs if k in r["timeline"]]))
+                        for _, runs in every
                     ),
                 ]
+                for k in TIMELINE
             ],
         )
     )
-    ratio = median([r["total_s"] for r in air_runs]) / median([r["total_s"] for r in torchrun_runs])
+    base = median([r["total_s"] for r in torchrun_runs])
+    ratio = median([r["total_s"] for r in air_runs]) / base
+    ratio_cold = median([r["total_s"] for r in cold_runs]) / base if cold_runs else None
     print(
-        f"\nAIR / torchrun: {ratio:.2f}x (goal: <= 1.0x, detection < 1 s, never an older checkpoint)"
+        f"\nAIR / torchrun: {ratio:.2f}x"
+        + (f" (warm agents off: {ratio_cold:.2f}x)" if ratio_cold is not None else "")
+        + " (goal: <= 1.0x, detection < 1 s, never an older checkpoint)."
+        f" Warm agents used at the restart: {[r['warm_used'] for r in air_runs]} of 2."
+        f" Load average {load_before[0]:.1f} before, {load_after[0]:.1f} after,"
+        f" {time.time() - t0:.0f} s in all."
     )
     write_result(
-        "recovery", {"runs": args.runs, "air": air_runs, "torchrun": torchrun_runs, "ratio": ratio}
+        "recovery",
+        {
+            "runs": args.runs,
+            "air": air_runs,
+            "air_cold": cold_runs,
+            "torchrun": torchrun_runs,
+            "ratio": ratio,
+            "ratio_cold": ratio_cold,
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
     )
 
 

@@ -11,11 +11,22 @@ group can orphan them. Teardown therefore kills the whole tree: the agent's
 descendants as seen before the kill, plus every process whose environment
 carries this job's AIR_JOB_ID and attempt (a sweep that also finds re-parented
 orphans), and the supervisor puts a parent-death signal on every rank.
+
+A restart would pay a fresh interpreter and `import torch` per node (about 2 s
+here) where torchrun's own restarts reuse a live agent, so the backend keeps a
+pool of warm agents (`_warm.py`): processes that already imported torchrun and
+wait for an agent's command. `launch` takes a ready one per node when there is
+one, else starts a cold agent, and a replacement starts warming at once. A warm
+agent shows its attempt's environment and command line in /proc like a cold one
+(the sweep and `attach` find it the same way), and its pid is tracked explicitly
+besides. `AIR_WARM_AGENTS=N` sets the pool size (default: one per virtual node,
+at most 4; 0 turns it off).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,15 +42,54 @@ import psutil
 
 from air_sdk._agent import MODULE as AGENT_MODULE
 from air_sdk._agent import is_agent
+from air_sdk.errors import ConfigError
+from air_sdk.runner.backends._warm import WarmAgentPool
 from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
 from air_sdk.scheduler import NodeSpec
+
+log = logging.getLogger(__name__)
+
+#: the env var that sizes the warm agent pool (0: off)
+WARM_AGENTS_ENV = "AIR_WARM_AGENTS"
+#: the default pool is one warm agent per virtual node, but never more than this
+MAX_DEFAULT_WARM_AGENTS = 4
+#: an explicit size above this is refused (each idle one holds ~230 MB)
+MAX_WARM_AGENTS = 16
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def warm_agent_count(requested: int | None, num_nodes: int) -> int:
+    """The warm pool's size: `requested`, else $AIR_WARM_AGENTS, else one per node (at
+    most 4). Warm agents need Linux (/proc, parent-death signals): 0 elsewhere.
+
+    Example:
+        >>> warm_agent_count(0, 2)  # off
+        0
+    """
+    if not sys.platform.startswith("linux"):
+        return 0
+    if requested is None:
+        raw = os.environ.get(WARM_AGENTS_ENV, "").strip()
+        if not raw:
+            return min(num_nodes, MAX_DEFAULT_WARM_AGENTS)
+        try:
+            requested = int(raw)
+        except ValueError:
+            requested = -1
+        if not 0 <= requested <= MAX_WARM_AGENTS:
+            raise ConfigError(
+                f"{WARM_AGENTS_ENV}={raw!r}: give a whole number of warm agents from 0 (off)"
+                f" to {MAX_WARM_AGENTS}"
+            )
+    if not 0 <= requested <= MAX_WARM_AGENTS:
+        raise ConfigError(f"warm_agents={requested}: give 0 (off) to {MAX_WARM_AGENTS}")
+    return requested
 
 
 @dataclass
@@ -53,6 +103,10 @@ class _Node:
     agent_pid: int = 0
     ranks_per_node: int = 1
     tree_seen: float = -1e9
+    #: the agent's start time (psutil), to tell it from a later process with its pid
+    agent_created: float = 0.0
+    #: whether the agent came from the warm pool
+    warm: bool = False
 
     def exit_code(self, attempt_dir: Path) -> int | None:
         """The agent's exit code; for an adopted agent (not our child, so no wait
@@ -84,10 +138,14 @@ class LocalAttempt:
 class LocalBackend:
     """Virtual nodes on this machine, each a torchrun agent.
 
+    The warm agent pool starts filling at the first `launch` (or `attach`); `close()`
+    kills its idle processes (running jobs are left running).
+
     Example:
         >>> backend = LocalBackend(num_nodes=2, slots_per_node=1)
         >>> [n.name for n in backend.inventory()]
         ['node-0', 'node-1']
+        >>> backend.close()
     """
 
     name = "local"
@@ -98,11 +156,21 @@ class LocalBackend:
         slots_per_node: int | None = None,
         *,
         nodes: list[NodeSpec] | None = None,
+        warm_agents: int | None = None,
     ) -> None:
         self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
+        size = warm_agent_count(warm_agents, len(self._nodes))
+        self.warm_pool: WarmAgentPool | None = (
+            WarmAgentPool(size, agent_base_env) if size > 0 else None
+        )
 
     def inventory(self) -> list[NodeSpec]:
         return list(self._nodes)
+
+    def close(self) -> None:
+        """Kill the idle warm agents and stop warming new ones. Attempts keep running."""
+        if self.warm_pool is not None:
+            self.warm_pool.close()
 
     def launch(self, request: LaunchRequest) -> LocalAttempt:
         spec = request.spec
@@ -111,22 +179,16 @@ class LocalBackend:
         request.attempt_dir.mkdir(parents=True, exist_ok=True)
         attempt = LocalAttempt(request.job_id, request.attempt, port, [], request.attempt_dir)
         ranks_per_node = spec.resources.ranks_per_node
+        if self.warm_pool is not None:
+            self.warm_pool.start()
         for assignment in placement.nodes:
-            env = dict(os.environ)
-            # Secrets of the gateway's own environment must not leak into jobs.
-            env.pop("AIR_TOKEN", None)
-            env.update(spec.env)
+            env = agent_base_env(spec.env)
             env.update(request.env)
             env.update(
                 {
                     "AIR_NODE_NAME": assignment.node,
                     "AIR_ATTEMPT_DIR": str(request.attempt_dir),
                     "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in assignment.gpus),
-                    # Measured here: a TCPStore shared across attempts lost 3 of 8 restarts.
-                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                    "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
-                    "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-                    "PYTHONUNBUFFERED": "1",
                 }
             )
             cmd = [
@@ -147,26 +209,41 @@ class LocalBackend:
                 *spec.args,
             ]
             log_path = request.attempt_dir / f"{assignment.node}.agent.log"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    cmd,
-                    cwd=request.code_dir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            attempt.nodes.append(
-                _Node(assignment.node, proc, log_path, {proc.pid}, proc.pid, ranks_per_node)
-            )
+            proc, warm = self._start_agent(cmd, env, request.code_dir, log_path)
+            node = _Node(assignment.node, proc, log_path, {proc.pid}, proc.pid, ranks_per_node)
+            node.warm = warm
+            node.agent_created = _create_time(proc.pid)
+            attempt.nodes.append(node)
         return attempt
+
+    def _start_agent(
+        self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path
+    ) -> tuple[subprocess.Popen[bytes], bool]:
+        """A warm agent when a ready one fits, else a cold one; (process, warm)."""
+        if self.warm_pool is not None:
+            agent = self.warm_pool.take(env)
+            if agent is not None and agent.launch(cmd, env, str(cwd), str(log_path)):
+                log.debug("%s: warm agent %d", env.get("AIR_NODE_NAME"), agent.pid)
+                return agent.proc, True
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return proc, False
 
     def attach(
         self, job_id: str, attempt: int, attempt_dir: Path, ranks_per_node: int
     ) -> LocalAttempt | None:
         """Adopt the agents of an attempt that outlived a previous gateway, found by the
         AIR_JOB_ID/AIR_ATTEMPT in their environment; None when none is left."""
+        if self.warm_pool is not None:  # its next restart should find warm agents
+            self.warm_pool.start()
         nodes: dict[str, _Node] = {}
         for pid in sorted(job_processes(job_id, attempt)):
             p = _proc(pid)
@@ -180,6 +257,7 @@ class LocalBackend:
                 continue  # a supervisor or a rank: found again under its agent
             name = env.get("AIR_NODE_NAME", f"pid-{pid}")
             node = _Node(name, None, attempt_dir / f"{name}.agent.log", {pid}, pid, ranks_per_node)
+            node.agent_created = _create_time(pid)
             self._remember_tree(node, every_s=0)
             nodes[name] = node
         if not nodes:
@@ -294,10 +372,50 @@ class LocalBackend:
         for node in handle.nodes:
             for pid in node.pids:
                 p = _proc(pid)
-                if p is not None and _belongs(p, handle):
+                if p is not None and (_belongs(p, handle) or _is_agent(p, node)):
                     alive.add(pid)
         alive.update(job_processes(handle.job_id, handle.attempt))
         return alive
+
+
+def agent_base_env(job_env: dict[str, str] | None = None) -> dict[str, str]:
+    """What every agent's environment starts from: the gateway's own, less its secrets,
+    plus the job's and the settings local multi-node runs need. A warm process is
+    started with this (no job env), so its interpreter matches a cold agent's."""
+    env = dict(os.environ)
+    # Secrets of the gateway's own environment must not leak into jobs.
+    env.pop("AIR_TOKEN", None)
+    env.update(job_env or {})
+    env.update(
+        {
+            # Measured here: a TCPStore shared across attempts lost 3 of 8 restarts.
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _create_time(pid: int) -> float:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return 0.0
+
+
+def _is_agent(p: psutil.Process, node: _Node) -> bool:
+    """The node's agent itself, known by pid and start time (a warm agent's environment
+    is found too, but this does not depend on reading it)."""
+    try:
+        return (
+            p.pid == node.agent_pid
+            and node.agent_created > 0
+            and (abs(p.create_time() - node.agent_created) < 0.05)
+        )
+    except psutil.Error:
+        return False
 
 
 def _proc(pid: int) -> psutil.Process | None:
