@@ -29,7 +29,7 @@ left as it was, so a C pointer some library kept into the old strings stays vali
 Where that cannot be done (layout not as expected, environment too large, import
 not finished) the process `execve`s the cold command instead: same pid, same
 session, a cold start. A warm agent also polls its local c10d rendezvous every
-50 ms rather than every second (`_fast_rendezvous_polls`).
+50 ms rather than every second (`air_sdk._agent.tune_rendezvous`, as cold agents).
 
 This module runs in the warm process as a plain file (`runpy.run_path`), so it
 imports nothing but the standard library at module level.
@@ -49,7 +49,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["MARKER", "PAD_VAR", "READY_WORD", "WarmAgent", "WarmAgentPool", "import_sensitive"]
 
@@ -77,8 +76,6 @@ _SPARE_CPU_WAIT_S = 20.0
 #: "idle" must hold this many 0.5 s looks in a row: the gap while a new attempt's
 #: agents meet (about 0.5 s) comes just before its ranks start importing torch
 _SPARE_CPU_LOOKS = 3
-#: how often a warm agent polls its local c10d rendezvous (torch: every 1 s)
-_RDZV_POLL_S = 0.05
 #: the word in a warm process's command line that says its imports are done
 READY_WORD = "ready"
 MARKER = "air-warm-agent"
@@ -466,37 +463,6 @@ def _warm_up() -> None:
         os._exit(0)  # nobody listens: the pool is gone
 
 
-def _fast_rendezvous_polls() -> None:
-    """Poll the c10d rendezvous every 50 ms instead of every second.
-
-    torch's dynamic rendezvous sleeps 1 s between polls of its state, serves the state
-    from a 1 s cache, and waits 0-0.3 s before a first round, to spare a store that
-    hundreds of nodes share. A local attempt is a handful of agents on 127.0.0.1;
-    measured here, those waits were 1.2-1.5 s of the 1.7-2.0 s from a warm agent's
-    command to its workers' start. Touches torch internals: when they are not as
-    expected nothing is changed (the agent then waits like a stock one).
-    """
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
-
-        delay = rdzv._delay
-        holder = rdzv._BackendRendezvousStateHolder
-        init = holder.__init__
-    except (ImportError, AttributeError):
-        return
-
-    def fast_delay(seconds: float | tuple[float, float]) -> None:
-        delay(min(seconds, _RDZV_POLL_S) if isinstance(seconds, int | float) else 0.0)
-
-    def uncached_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        if hasattr(self, "_cache_duration"):
-            self._cache_duration = 0
-
-    rdzv._delay = fast_delay
-    holder.__init__ = uncached_init  # type: ignore[method-assign]
-
-
 def _child_main(args: list[str]) -> None:
     parent = int(next(a for a in args if a.startswith("--parent=")).split("=", 1)[1])
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -529,7 +495,9 @@ def _child_main(args: list[str]) -> None:
         os.execve(argv[0], argv, env)  # a cold start, in this very process
     import torch.distributed.run as run
 
-    _fast_rendezvous_polls()
+    from air_sdk._agent import tune_rendezvous
+
+    tune_rendezvous()  # as `python -m air_sdk._agent` does
     # As `python -m torch.distributed.run` would have it.
     sys.path[0:0] = [os.getcwd()]
     sys.argv = [str(run.__file__), *argv[3:]]
