@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import psutil
+
 from air_sdk._agent import is_agent
 from air_sdk.runner.backends.local import job_processes
+from air_sdk.runtime._fork_snapshot import WRITER_NAME
 
 
 def wait_for(
@@ -42,6 +45,11 @@ def rank_pid(job_id: str, rank: int) -> int | None:
         if env.get("RANK") != str(rank):
             continue
         if is_agent(cmdline) or any("air_sdk.runtime.supervise" in c for c in cmdline):
+            continue
+        try:
+            if p.name() == WRITER_NAME:  # a forked checkpoint writer carries its rank's env
+                continue
+        except psutil.Error:
             continue
         return p.pid
     return None

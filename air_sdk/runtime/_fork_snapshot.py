@@ -49,7 +49,7 @@ ENV = "AIR_CHECKPOINT_SNAPSHOT"
 #: environment and command line (RANK, AIR_JOB_ID): tools that look for a rank's process
 #: by those should pass over this name, as over a DataLoader worker's.
 WRITER_NAME = "air-ckpt-writer"
-MODES = ("auto", "fork", "copy")
+MODES = ("copy", "fork", "auto")
 _EXIT_OK, _EXIT_ERROR, _EXIT_UNREPORTED = 0, 1, 2
 
 # 3.12+ warns that fork() in a threaded process may deadlock the child: this child only
@@ -63,12 +63,12 @@ _child_hook: Callable[[int], None] | None = None
 
 
 def requested_mode() -> str:
-    """`AIR_CHECKPOINT_SNAPSHOT` (auto, fork or copy; default auto)."""
-    raw = os.environ.get(ENV, "").strip().lower() or "auto"
+    """`AIR_CHECKPOINT_SNAPSHOT` (copy, fork or auto; default copy)."""
+    raw = os.environ.get(ENV, "").strip().lower() or "copy"
     if raw not in MODES:
         raise CheckpointError(
             f"{ENV}={os.environ.get(ENV)!r} is not one of {', '.join(MODES)} "
-            "(auto: fork where it is safe, else copy)"
+            "(copy: the default; auto: fork where it is safe, else copy)"
         )
     return raw
 

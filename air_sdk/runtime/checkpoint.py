@@ -26,7 +26,7 @@ under a per-rank key. Saving before the first optimizer step creates the
 optimizer's state (as `get_optimizer_state_dict` does), e.g. Adam's step count.
 
 Snapshot. `save` returns once it holds a snapshot of the state, taken one of two
-ways (`AIR_CHECKPOINT_SNAPSHOT`, default `auto`):
+ways (`AIR_CHECKPOINT_SNAPSHOT`, default `copy`):
 
 * `fork`: the training thread builds the state dict (the `state_dict()` of the
   wrappers above, so lazily created optimizer state exists in this process), the
@@ -125,15 +125,6 @@ __all__ = [
 DEFAULT_KEEP = 3
 _GROUP_TIMEOUT_S = 1800.0  # writing a large checkpoint to slow storage can take minutes
 _NO_DIST_WARNING = r"torch\.distributed is disabled, unavailable or uninitialized"
-
-
-def _commit_has_snapshot() -> bool:
-    from air_sdk.schema.events import CheckpointCommit
-
-    return "snapshot" in CheckpointCommit.model_fields
-
-
-_COMMIT_HAS_SNAPSHOT = _commit_has_snapshot()
 
 
 @dataclass
@@ -717,8 +708,7 @@ class Checkpointer:
             "durable_s": round(pending.durable_s, 4),
             "attempt": manifest.attempt,
         }
-        if _COMMIT_HAS_SNAPSHOT:  # the gateway's schema forbids fields it does not know
-            record["snapshot"] = "fork" if pending.forked is not None else "copy"
+        record["snapshot"] = "fork" if pending.forked is not None else "copy"
         get_shipper().add_checkpoint(record)
 
     def _report_restore(self, step: int, directory: str) -> None:

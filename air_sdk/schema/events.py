@@ -158,6 +158,9 @@ class CheckpointCommit(BaseModel):
     blocked_s: float = Field(description="Seconds the training loop waited in save().")
     durable_s: float = Field(description="Seconds from save() until the manifest was in place.")
     attempt: int = 0
+    snapshot: Literal["copy", "fork"] | None = Field(
+        default=None, description="How save() took its snapshot (AIR_CHECKPOINT_SNAPSHOT)."
+    )
 
 
 class CheckpointSkip(BaseModel):

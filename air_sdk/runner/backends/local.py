@@ -46,6 +46,7 @@ from air_sdk.errors import ConfigError
 from air_sdk.runner.backends._warm import WarmAgentPool
 from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
+from air_sdk.runtime._fork_snapshot import WRITER_NAME
 from air_sdk.scheduler import NodeSpec
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,7 @@ class LocalBackend:
         for pid in job_processes(handle.job_id, handle.attempt):
             p = _proc(pid)
             try:
-                if p is None or p.name() == "py-spy":
+                if p is None or p.name() in ("py-spy", WRITER_NAME):  # not ranks
                     continue
                 cmdline, env = p.cmdline(), p.environ()
             except psutil.Error:

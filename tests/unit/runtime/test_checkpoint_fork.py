@@ -186,18 +186,22 @@ def test_an_unknown_snapshot_mode_names_the_allowed_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIR_CHECKPOINT_SNAPSHOT", "bogus")
-    with pytest.raises(CheckpointError, match="'bogus' is not one of auto, fork, copy"):
+    with pytest.raises(CheckpointError, match="'bogus' is not one of copy, fork, auto"):
         Checkpointer(tmp_path).save(make_state(), step=1)
     assert not (tmp_path / "step-1").exists()
 
 
-def test_auto_forks_only_where_that_is_safe(
+def test_copy_is_the_default_and_auto_forks_only_where_that_is_safe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("AIR_CHECKPOINT_SNAPSHOT")
     local = LocalStorage(tmp_path)
     ckpt = Checkpointer(storage=local)
     ckpt.save(make_state(), step=1)
+    assert snapshot_of(ckpt) == "copy"  # the default: forking is asked for
+    ckpt.wait()
+    monkeypatch.setenv("AIR_CHECKPOINT_SNAPSHOT", "auto")
+    ckpt.save(make_state(), step=2)
     assert snapshot_of(ckpt) == "fork"  # Linux, CPU tensors, local files
     ckpt.wait()
 
@@ -392,13 +396,12 @@ def test_the_writer_is_named_so_tools_can_tell_it_from_its_rank(
 
 
 @pytest.mark.parametrize("mode", ["fork", "copy"])
-def test_the_commit_record_names_the_snapshot_where_the_schema_has_it(
+def test_the_commit_record_names_the_snapshot_and_the_gateway_accepts_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_process: Recorder, mode: str
 ) -> None:
+    from air_sdk.schema.events import CheckpointCommit
+
     monkeypatch.setenv("AIR_CHECKPOINT_SNAPSHOT", mode)
-    monkeypatch.setattr(checkpoint, "_COMMIT_HAS_SNAPSHOT", True)
     Checkpointer(tmp_path).save(make_state(), step=1, block=True)
     assert one_process.records[0]["snapshot"] == mode
-    monkeypatch.setattr(checkpoint, "_COMMIT_HAS_SNAPSHOT", False)  # as the gateway is today
-    Checkpointer(tmp_path).save(make_state(), step=2, block=True)
-    assert "snapshot" not in one_process.records[1]
+    assert CheckpointCommit.model_validate(one_process.records[0]).snapshot == mode
