@@ -23,6 +23,7 @@ COMMIT = {
     "blocked_s": 0.05,
     "durable_s": 1.25,
     "attempt": 1,
+    "snapshot": "copy",
 }
 SKIP = {
     "step": 120,
