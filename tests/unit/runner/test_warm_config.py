@@ -12,7 +12,10 @@ from air_sdk.errors import ConfigError
 from air_sdk.runner.backends._warm import WarmAgent, WarmAgentPool, _env_block
 from air_sdk.runner.backends.local import LocalBackend, warm_agent_count
 
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="warm agents exist only on Linux (the pool size is 0 elsewhere)",
+)
 
 
 @linux_only
