@@ -8,8 +8,7 @@ from collections.abc import Callable
 import psutil
 
 from air_sdk._agent import is_agent
-from air_sdk.runner.backends.local import job_processes
-from air_sdk.runtime._fork_snapshot import WRITER_NAME
+from air_sdk.runner.backends.local import job_processes, rank_processes
 
 
 def wait_for(
@@ -29,7 +28,6 @@ def no_processes_left(job_id: str) -> bool:
 
 
 def _job_procs(job_id: str):
-    import psutil
 
     for pid in job_processes(job_id):
         try:
@@ -41,18 +39,7 @@ def _job_procs(job_id: str):
 
 def rank_pid(job_id: str, rank: int) -> int | None:
     """The pid of the training process of `rank` (the supervisor's child)."""
-    for p, cmdline, env in _job_procs(job_id):
-        if env.get("RANK") != str(rank):
-            continue
-        if is_agent(cmdline) or any("air_sdk.runtime.supervise" in c for c in cmdline):
-            continue
-        try:
-            if p.name() == WRITER_NAME:  # a forked checkpoint writer carries its rank's env
-                continue
-        except psutil.Error:
-            continue
-        return p.pid
-    return None
+    return rank_processes(job_id).get(rank)
 
 
 def agent_pid(job_id: str, node: str) -> int | None:
@@ -66,8 +53,6 @@ def agent_pid(job_id: str, node: str) -> int | None:
 def kill_tree(pid: int, sig: int) -> None:
     """Send `sig` to `pid` and all its descendants (a whole virtual node)."""
     import os
-
-    import psutil
 
     procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     for p in procs:

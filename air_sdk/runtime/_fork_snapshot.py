@@ -17,6 +17,7 @@ runs the same dedup on them: the child needs no collective.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pickle
 import signal
@@ -400,8 +401,8 @@ def merge_metadata(partials: list[Metadata]) -> Metadata:
         planner.update({k: v for k, v in (part.planner_data or {}).items() if k not in planner})
     for key, md in state_md.items():
         if isinstance(md, TensorStorageMetadata):
-            whole = _numel(md.size)
-            covered = sum(_numel(c.sizes) for c in md.chunks)
+            whole = math.prod(md.size)
+            covered = sum(math.prod(c.sizes) for c in md.chunks)
             if covered != whole:
                 raise ValueError(
                     f"the saved chunks of {key!r} cover {covered} of its {whole} elements"
@@ -414,10 +415,3 @@ def merge_metadata(partials: list[Metadata]) -> Metadata:
         storage_meta=first.storage_meta,
         version=first.version,
     )
-
-
-def _numel(size: Any) -> int:
-    n = 1
-    for dim in size:
-        n *= int(dim)
-    return n

@@ -707,8 +707,8 @@ class Checkpointer:
             "blocked_s": round(pending.blocked_s, 4),
             "durable_s": round(pending.durable_s, 4),
             "attempt": manifest.attempt,
+            "snapshot": "fork" if pending.forked is not None else "copy",
         }
-        record["snapshot"] = "fork" if pending.forked is not None else "copy"
         get_shipper().add_checkpoint(record)
 
     def _report_restore(self, step: int, directory: str) -> None:

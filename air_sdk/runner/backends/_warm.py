@@ -37,7 +37,6 @@ imports nothing but the standard library at module level.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -80,7 +79,6 @@ _SPARE_CPU_LOOKS = 3
 READY_WORD = "ready"
 MARKER = "air-warm-agent"
 _BOOT = "import runpy, sys; sys.path.pop(0); runpy.run_path(sys.argv[1], run_name='__main__')"
-_PR_SET_PDEATHSIG = 1
 #: the commands a warm process can become in place: a stock torchrun agent, or AIR's
 _AGENTS = (["-m", "torch.distributed.run"], ["-m", "air_sdk._agent"])
 
@@ -351,13 +349,6 @@ def _cpu_times() -> tuple[int, int] | None:
 # -- the warm process ----------------------------------------------------------------------
 
 
-def _prctl(option: int, arg: int) -> bool:
-    try:
-        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
 def _mm_regions() -> tuple[int, int, int, int] | None:
     """(arg_start, arg_end, env_start, env_end) of this process (Linux 3.5+)."""
     try:
@@ -465,7 +456,9 @@ def _warm_up() -> None:
 
 def _child_main(args: list[str]) -> None:
     parent = int(next(a for a in args if a.startswith("--parent=")).split("=", 1)[1])
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    from air_sdk.runtime.supervise import set_parent_death_signal
+
+    set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(0)
     importer = threading.Thread(target=_warm_up, name="air-warm-import", daemon=True)
@@ -480,7 +473,7 @@ def _child_main(args: list[str]) -> None:
         os.setsid()
     except OSError:
         pass  # already a session leader (started so by someone else)
-    _prctl(_PR_SET_PDEATHSIG, 0)
+    set_parent_death_signal(0)
     argv: list[str] = command["argv"]
     env: dict[str, str] = command["env"]
     logfd = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)

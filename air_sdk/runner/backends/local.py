@@ -46,7 +46,6 @@ from air_sdk.errors import ConfigError
 from air_sdk.runner.backends._warm import WarmAgentPool
 from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
-from air_sdk.runtime._fork_snapshot import WRITER_NAME
 from air_sdk.scheduler import NodeSpec
 
 log = logging.getLogger(__name__)
@@ -106,8 +105,6 @@ class _Node:
     tree_seen: float = -1e9
     #: the agent's start time (psutil), to tell it from a later process with its pid
     agent_created: float = 0.0
-    #: whether the agent came from the warm pool
-    warm: bool = False
 
     def exit_code(self, attempt_dir: Path) -> int | None:
         """The agent's exit code; for an adopted agent (not our child, so no wait
@@ -210,22 +207,21 @@ class LocalBackend:
                 *spec.args,
             ]
             log_path = request.attempt_dir / f"{assignment.node}.agent.log"
-            proc, warm = self._start_agent(cmd, env, request.code_dir, log_path)
+            proc = self._start_agent(cmd, env, request.code_dir, log_path)
             node = _Node(assignment.node, proc, log_path, {proc.pid}, proc.pid, ranks_per_node)
-            node.warm = warm
             node.agent_created = _create_time(proc.pid)
             attempt.nodes.append(node)
         return attempt
 
     def _start_agent(
         self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path
-    ) -> tuple[subprocess.Popen[bytes], bool]:
-        """A warm agent when a ready one fits, else a cold one; (process, warm)."""
+    ) -> subprocess.Popen[bytes]:
+        """A warm agent when a ready one fits, else a cold one."""
         if self.warm_pool is not None:
             agent = self.warm_pool.take(env)
             if agent is not None and agent.launch(cmd, env, str(cwd), str(log_path)):
                 log.debug("%s: warm agent %d", env.get("AIR_NODE_NAME"), agent.pid)
-                return agent.proc, True
+                return agent.proc
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -236,7 +232,7 @@ class LocalBackend:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return proc, False
+        return proc
 
     def attach(
         self, job_id: str, attempt: int, attempt_dir: Path, ranks_per_node: int
@@ -269,19 +265,7 @@ class LocalBackend:
         """Every rank's Python stack, by rank (py-spy, which also reads stopped processes)."""
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         stacks: dict[int, str] = {}
-        for pid in job_processes(handle.job_id, handle.attempt):
-            p = _proc(pid)
-            try:
-                if p is None or p.name() in ("py-spy", WRITER_NAME):  # not ranks
-                    continue
-                cmdline, env = p.cmdline(), p.environ()
-            except psutil.Error:
-                continue
-            if is_agent(cmdline) or any("air_sdk.runtime.supervise" in c for c in cmdline):
-                continue  # launchers and supervisors: the rank is the supervisor's child
-            rank = int(env.get("RANK", "-1"))
-            if rank < 0:
-                continue
+        for rank, pid in rank_processes(handle.job_id, handle.attempt).items():
             if not os.path.exists(spy):
                 stacks[rank] = "no stack: py-spy is not installed (pip install py-spy)"
                 continue
@@ -434,6 +418,32 @@ def _belongs(p: psutil.Process, handle: LocalAttempt) -> bool:
     except psutil.Error:
         return False
     return env.get("AIR_JOB_ID") == handle.job_id and env.get("AIR_ATTEMPT") == str(handle.attempt)
+
+
+def rank_processes(job_id: str, attempt: int | None = None) -> dict[int, int]:
+    """{rank: pid} of the job's training processes: the rank supervisors' children.
+    What a rank starts itself (a forked checkpoint writer, DataLoader workers) carries
+    the rank's environment too, but its parent is the rank, not a supervisor.
+
+    Example:
+        >>> rank_processes("no-such-job")
+        {}
+    """
+    ranks: dict[int, int] = {}
+    for pid in job_processes(job_id, attempt):
+        p = _proc(pid)
+        try:
+            parent = p.parent() if p is not None else None
+            if p is None or parent is None:
+                continue
+            if not any("air_sdk.runtime.supervise" in c for c in parent.cmdline()):
+                continue
+            rank = int(p.environ().get("RANK", "-1"))
+        except (psutil.Error, ValueError):
+            continue
+        if rank >= 0:
+            ranks[rank] = pid
+    return ranks
 
 
 def job_processes(job_id: str, attempt: int | None = None) -> set[int]:
