@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -93,3 +94,38 @@ def stop_gateway_and_its_jobs(url: str, token: str, home) -> None:  # type: igno
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def torchrun_two_ranks(script: Path, *args: str, **extra_env: str) -> str:
+    """Run `script ARGS` under `torchrun --standalone --nproc-per-node 2` with a clean
+    torch/AIR environment (gloo on loopback) and return its output; fails on a non-zero exit.
+    """
+    import os
+    import subprocess
+    import sys
+
+    import air_sdk
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIR_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(
+        PYTHONPATH=str(Path(air_sdk.__file__).resolve().parents[1]),
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        **extra_env,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done.stdout + done.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,17 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airtest import torchrun_two_ranks
 from test_runtime_checkpoint import FailingStorage, Recorder, make_state, params, train
-
-import air_sdk
 
 torch = pytest.importorskip("torch")
 
 from air_sdk.runtime import _dist, _fork_snapshot, checkpoint  # noqa: E402
 from air_sdk.runtime._storage import FsspecStorage, LocalStorage  # noqa: E402
 from air_sdk.runtime.checkpoint import Checkpointer, CheckpointError  # noqa: E402
-
-REPO_ROOT = Path(air_sdk.__file__).resolve().parents[1]
 
 
 class Shipper(Recorder):
@@ -307,31 +303,9 @@ air.shutdown()
 
 
 def torchrun(tmp_path: Path, script: str, snapshot: str) -> str:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AIR_", "TORCHELASTIC_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(
-        PYTHONPATH=str(REPO_ROOT),
-        OMP_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME="lo",
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        AIR_CHECKPOINT_SNAPSHOT=snapshot,
-    )
     path = tmp_path / "two_ranks.py"
     path.write_text(textwrap.dedent(script))
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + [str(path), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return done.stdout + done.stderr
+    return torchrun_two_ranks(path, str(tmp_path), AIR_CHECKPOINT_SNAPSHOT=snapshot)
 
 
 @pytest.mark.slow

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from airtest import torchrun_two_ranks
 from test_runtime_shipper import FakeGateway
 
-import air_sdk
 from air_sdk.schema.events import CheckpointCommit, CheckpointSkip, WorkerReport
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(air_sdk.__file__).resolve().parents[1]
 TOTAL_STEPS = 8  # 20 samples, 2 ranks, batches of 4: 3 steps per epoch
 
 TRAIN = """
@@ -115,31 +112,9 @@ if __name__ == "__main__":
 
 
 def torchrun(tmp_path: Path, phase: str, **extra_env: str) -> str:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AIR_", "TORCHELASTIC_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(
-        PYTHONPATH=str(REPO_ROOT),
-        OMP_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME="lo",
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        **extra_env,
-    )
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(TRAIN))
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + [str(script), str(tmp_path), phase],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return done.stdout + done.stderr
+    return torchrun_two_ranks(script, str(tmp_path), phase, **extra_env)
 
 
 def committed(directory: Path) -> list[str]:
