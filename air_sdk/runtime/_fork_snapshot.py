@@ -47,8 +47,8 @@ __all__ = [
 
 ENV = "AIR_CHECKPOINT_SNAPSHOT"
 #: The writer's process name (/proc/<pid>/comm, psutil's name()). It shares its trainer's
-#: environment and command line (RANK, AIR_JOB_ID): tools that look for a rank's process
-#: by those should pass over this name, as over a DataLoader worker's.
+#: environment and command line (RANK, AIR_JOB_ID), like a DataLoader worker: a rank is
+#: found as its supervisor's child (`air_sdk.runner.backends.local.rank_processes`).
 WRITER_NAME = "air-ckpt-writer"
 MODES = ("copy", "fork", "auto")
 _EXIT_OK, _EXIT_ERROR, _EXIT_UNREPORTED = 0, 1, 2
