@@ -436,7 +436,9 @@ def rank_processes(job_id: str, attempt: int | None = None) -> dict[int, int]:
             parent = p.parent() if p is not None else None
             if p is None or parent is None:
                 continue
-            if not any("air_sdk.runtime.supervise" in c for c in parent.cmdline()):
+            above = parent.cmdline()
+            # the parent is a supervisor (an agent's command line names the supervisor too)
+            if is_agent(above) or not any("air_sdk.runtime.supervise" in c for c in above):
                 continue
             rank = int(p.environ().get("RANK", "-1"))
         except (psutil.Error, ValueError):
