@@ -305,7 +305,7 @@ def checkpoints(
         table = Table("STEP", "ATTEMPT", "SIZE", "BLOCKED", "DURABLE AFTER", "PATH")
         for c in found.commits:
             table.add_row(
-                str(c.step),
+                f"{c.step} (at the failure)" if c.at_failure else str(c.step),
                 str(c.attempt),
                 f"{c.size_bytes / 2**20:.1f} MiB",
                 f"{c.blocked_s:.2f} s",

@@ -38,6 +38,9 @@ SUCCESS_EXIT_WAIT_S = 5.0
 FAILURE_TEARDOWN_GRACE_S = 0.5
 #: how often the (cheap) progress checks run
 PROGRESS_CHECK_S = 0.5
+#: how long a failed attempt's teardown waits for surviving ranks that are writing a
+#: checkpoint at the failure (`air_sdk.runtime._failure_save`)
+FAILURE_SAVE_WAIT_S = 30.0
 
 
 #: rank deaths that point at the machine rather than the code
@@ -403,8 +406,10 @@ class JobController:
     def _on_failure(self, nodes: list[NodeStatus]) -> None:
         before = self._rank_exits()
         handle = self.handle
-        # The attempt is lost already: no grace for a SIGTERM save (a collective that
-        # can no longer complete), stop the rest at once.
+        # Survivors writing a checkpoint at the failure get to finish it; the attempt is
+        # lost already otherwise: no grace for a SIGTERM save (a collective that can no
+        # longer complete), stop the rest at once.
+        self._wait_for_failure_saves()
         self._teardown(grace_s=FAILURE_TEARDOWN_GRACE_S)
         after = self._rank_exits()
         failure = diagnose(
@@ -415,6 +420,25 @@ class JobController:
             self._node_tails(handle),
         )
         self._fail_or_restart(failure)
+
+    def _wait_for_failure_saves(self) -> None:
+        """Wait (at most FAILURE_SAVE_WAIT_S) while a rank's failure-save marker exists;
+        a rank removes it when its save is done, and a marker of a dead rank is stale."""
+        markers = self.paths.attempt(self.attempt) / "failure-saves"
+        deadline = time.monotonic() + FAILURE_SAVE_WAIT_S
+        while time.monotonic() < deadline:
+            exited = self._rank_exits()
+            saving = [
+                m
+                for m in markers.glob("rank-*")
+                if m.name[5:].isdigit() and int(m.name[5:]) not in exited
+            ]
+            if not saving:
+                return
+            time.sleep(0.05)
+        log.warning(
+            "job %s: a checkpoint at the failure took over %.0f s", self.job_id, FAILURE_SAVE_WAIT_S
+        )
 
     def _fail_or_restart(self, failure: FailureInfo) -> None:
         self._end_attempt(failure.reason, failure)

@@ -146,6 +146,9 @@ class MetricsShipper:
         self.rank = rank
         self.latest: dict[str, float] = {}
         self.last_step: int | None = None
+        #: how often a step was marked (log, heartbeat with a step): a failure save checks
+        #: that the last optimizer step was followed by one
+        self.num_step_marks = 0
         self._poster = poster
         self._enabled = poster is not None
         self._flush_interval = flush_interval
@@ -186,6 +189,7 @@ class MetricsShipper:
             raise TypeError(f"air.log(): step must be an int, not {type(step).__name__}") from None
         floats = _floats(values)
         self.latest.update(floats)
+        self.num_step_marks += 1
         if not self._enabled:
             self.last_step = step
             return
@@ -206,6 +210,7 @@ class MetricsShipper:
         """Mark progress without metrics; posted at most once per flush interval."""
         if step is not None:
             self.last_step = operator.index(step)
+            self.num_step_marks += 1
         if not self._enabled:
             return
         with self._lock:

@@ -81,6 +81,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from air_sdk.errors import CheckpointError
+from air_sdk.runtime import _failure_save
 from air_sdk.runtime._context import context
 from air_sdk.runtime._fork_snapshot import (
     ForkedWrite,
@@ -290,6 +291,7 @@ class Checkpointer:
         keep: int | None = None,
         storage: CheckpointStorage | None = None,
         timeout_s: float = _GROUP_TIMEOUT_S,
+        on_failure: bool | None = None,
     ) -> None:
         if keep is None:
             raw = os.environ.get("AIR_CHECKPOINT_KEEP", "").strip()
@@ -307,6 +309,11 @@ class Checkpointer:
         self.storage = storage
         self.keep = keep
         self.timeout_s = timeout_s
+        if on_failure is None:
+            on_failure = os.environ.get(_failure_save.ENV, "1").strip() != "0"
+        #: a surviving rank checkpoints the last completed step when a peer dies
+        #: (`air_sdk.runtime._failure_save`)
+        self.on_failure = on_failure
         self._lock = threading.RLock()
         self._pending: _Pending | None = None
         self._group: Any = None
@@ -336,6 +343,7 @@ class Checkpointer:
             self._finish_pending(raise_error=True)
             self._translated(lambda: self._save(storage, state, step, started), f"save step {step}")
             _register_at_exit()
+            _failure_save.track(self, state, step)
             if block:
                 self._finish_pending(raise_error=True)
 
@@ -349,7 +357,9 @@ class Checkpointer:
             return None
         with keep_alive(), self._lock:
             self._finish_pending(raise_error=False)
-            return self._translated(lambda: self._load(state, step), "load")
+            found = self._translated(lambda: self._load(state, step), "load")
+            _failure_save.track(self, state, found or 0)
+            return found
 
     def latest(self) -> int | None:
         """The newest committed step (its manifest is in place), without hashing its files."""
@@ -752,7 +762,7 @@ class Checkpointer:
                 storage.remove_file(storage.join(dirs[step], MANIFEST_NAME))
                 storage.remove_tree(dirs[step])
             for name in storage.list_dir(storage.root):
-                if name.startswith((".trash-step-", ".replaced-step-")):
+                if name.startswith((".trash-step-", ".replaced-step-", ".failure-step-")):
                     storage.remove_tree(storage.join(storage.root, name))
         except OSError as exc:
             warn(f"checkpoint retention failed ({exc}); old checkpoints were left in place")
@@ -798,10 +808,16 @@ def _finalize_pending() -> None:
 
 
 def configure(
-    directory: str | os.PathLike[str] | None = None, *, keep: int | None = None
+    directory: str | os.PathLike[str] | None = None,
+    *,
+    keep: int | None = None,
+    on_failure: bool | None = None,
 ) -> Checkpointer:
-    """Set where `save`/`load` keep checkpoints (default `AIR_CHECKPOINT_DIR`) and how many
-    committed ones to keep (default `AIR_CHECKPOINT_KEEP`, else 3). Commits a save in flight.
+    """Set where `save`/`load` keep checkpoints (default `AIR_CHECKPOINT_DIR`), how many
+    committed ones to keep (default `AIR_CHECKPOINT_KEEP`, else 3) and whether a rank that
+    survives a peer's death checkpoints the last completed step (default
+    `AIR_CHECKPOINT_ON_FAILURE`, else on; see docs/failure-handling.md). Commits a save
+    in flight.
 
     Example:
         >>> import air_sdk.runtime as air
@@ -809,7 +825,7 @@ def configure(
         2
     """
     global _default
-    replacement = Checkpointer(directory, keep=keep)
+    replacement = Checkpointer(directory, keep=keep, on_failure=on_failure)
     with _default_lock:
         previous, _default = _default, replacement
     if previous is not None:

@@ -161,6 +161,10 @@ class CheckpointCommit(BaseModel):
     snapshot: Literal["copy", "fork"] | None = Field(
         default=None, description="How save() took its snapshot (AIR_CHECKPOINT_SNAPSHOT)."
     )
+    at_failure: bool = Field(
+        default=False,
+        description="Written by a surviving rank when a peer failed (AIR_CHECKPOINT_ON_FAILURE).",
+    )
 
 
 class CheckpointSkip(BaseModel):

@@ -17,14 +17,17 @@ from air_sdk.schema import EventType, JobSpec, JobState, Resources
 pytestmark = pytest.mark.slow
 
 TRAIN = """
-import sys, time
+import os, signal, sys, time
 import torch
 import torch.nn.functional as F
 import air_sdk.runtime as air
 
 total, every, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 ballast_mib = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+die_at = int(sys.argv[5]) if len(sys.argv) > 5 else 0  # rank 1 dies as it starts this step
 ctx = air.init()
+if len(sys.argv) > 6:
+    air.checkpoint.configure(on_failure=sys.argv[6] == "1")
 torch.manual_seed(0)
 data = torch.utils.data.TensorDataset(torch.randn(64, 6), torch.randn(64, 2))
 model = torch.nn.parallel.DistributedDataParallel(
@@ -36,10 +39,13 @@ state = {"model": model, "optim": optim, "data": loader}
 if ballast_mib:  # dead weight that makes every checkpoint write take a while
     state["ballast"] = torch.zeros(ballast_mib << 18)
 step = air.checkpoint.load(state) or 0
+fresh = step == 0
 print(f"attempt {ctx.attempt} resumes after step {step}", flush=True)
 while step < total:
     for x, y in loader:
         step += 1
+        if fresh and ctx.rank == 1 and step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         optim.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
@@ -68,12 +74,14 @@ def committed(directory: Path, step: int) -> bool:
     return (directory / f"step-{step}" / "manifest.json").exists()
 
 
-def submit(gateway, src, out: Path, *, total=40, every=10, ballast_mib=0, **spec):
+def submit(
+    gateway, src, out: Path, *, total=40, every=10, ballast_mib=0, die_at=0, extra=(), **spec
+):
     spec.setdefault("failure", {"backoff_base_s": 0.2, "backoff_max_s": 0.5})
     return gateway.submit(
         JobSpec(
             entrypoint="train.py",
-            args=[str(total), str(every), str(out), str(ballast_mib)],
+            args=[str(total), str(every), str(out), str(ballast_mib), str(die_at), *extra],
             resources=Resources(nodes=2),
             **spec,
         ),
@@ -113,6 +121,46 @@ def test_kill_and_resume_ends_with_the_parameters_of_an_uninterrupted_run(
     assert [(r.attempt, r.step) for r in found.restores] == [(2, attempts[1].resumed_from_step)]
     a, b = final_params(tmp_path / "straight.pt"), final_params(tmp_path / "resumed.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert no_processes_left(job.id)
+
+
+@pytest.mark.parametrize("on_failure", ["1", "0"])
+def test_a_survivor_checkpoints_the_step_a_peer_died_in(
+    gateway, gateway_process, workdir, tmp_path, on_failure
+):
+    """Rank 1 dies as step 27 starts: rank 0's all-reduce of step 27 fails, and it saves
+    step 26 (AIR_CHECKPOINT_ON_FAILURE on, the default), so the restart redoes no step;
+    with it off (`configure(on_failure=False)`) the restart resumes from the periodic
+    checkpoint of step 20."""
+    src = workdir(TRAIN)
+    straight = submit(gateway, src, tmp_path / "straight.pt")
+    assert straight.wait(timeout=180).state is JobState.SUCCEEDED
+
+    job = submit(
+        gateway,
+        src,
+        tmp_path / "resumed.pt",
+        die_at=27,
+        max_restarts=1,
+        extra=[on_failure],  # air.checkpoint.configure(on_failure=...)
+    )
+    record = job.wait(timeout=180)
+    assert record.state is JobState.SUCCEEDED, record.state_reason
+    attempts = job.attempts()
+    assert len(attempts) == 2
+    found = job.checkpoints()
+    at_failure = [(c.attempt, c.step) for c in found.commits if c.at_failure]
+    if on_failure == "1":
+        assert attempts[1].resumed_from_step == 26
+        assert at_failure == [(1, 26)]
+        assert any("saved checkpoint step 26 at the failure" in x.text for x in job.logs(rank=0))
+    else:
+        assert attempts[1].resumed_from_step == 20
+        assert at_failure == []
+    a, b = final_params(tmp_path / "straight.pt"), final_params(tmp_path / "resumed.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    directory = ckpt_dir(gateway_process, job.id)
+    assert not [p.name for p in directory.iterdir() if p.name.startswith(".failure-step-")]
     assert no_processes_left(job.id)
 
 

@@ -24,6 +24,7 @@ COMMIT = {
     "durable_s": 1.25,
     "attempt": 1,
     "snapshot": "copy",
+    "at_failure": False,
 }
 SKIP = {
     "step": 120,

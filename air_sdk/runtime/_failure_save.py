@@ -1,0 +1,333 @@
+"""A checkpoint at the moment of a failure, written by a rank that survived it.
+
+In data-parallel training every rank holds the whole model and optimizer. When a
+peer dies, the survivors' next gradient all-reduce fails (gloo: "Connection reset
+by peer", within milliseconds) inside `loss.backward()`, before that step's
+`optimizer.step()`: what they hold is the state after the last completed step.
+Saving it then ("just-in-time" checkpointing) means a restart redoes nothing,
+where restoring the last periodic checkpoint redoes everything since it (on
+average half a checkpoint interval per failure).
+
+It is only safe when the state at the failure is known to be exactly "after step
+N". So it is written only when all of this holds, and otherwise a one-line
+message says which did not (the restart then uses the last periodic checkpoint,
+as always):
+
+* the job runs under AIR (`AIR_JOB_ID`), with a local checkpoint directory, in a
+  world of more than one rank, and neither `air.checkpoint.configure(on_failure=False)`
+  nor `AIR_CHECKPOINT_ON_FAILURE=0` turned it off;
+* `air.checkpoint.save` or `load` saw the state, and it holds only
+  DistributedDataParallel modules (replicated: a survivor has all of them),
+  optimizers, LR schedulers and `air.resumable_loader`s / samplers. A plain value
+  or tensor could be changed by the loop between steps, a sharded (FSDP) module
+  lives partly on the dead rank;
+* the error that ends the script is a collective's failure, raised inside
+  `backward()` (so that step's optimizer step has not run);
+* every optimizer in the state stepped the same number k >= 1 of times since the
+  save or load of step S, and `air.log` / `air.heartbeat` marked step S + k after
+  the last of those steps: that is the step saved.
+
+A loader's position is taken at each optimizer step (it has already handed out the
+failing step's batch when the failure comes); the rest is saved as it is at the
+failure. The rank writes a whole, single-process DCP checkpoint into a hidden
+directory, hashes it, writes its manifest and renames the directory to `step-N`:
+the first survivor to rename wins, the others drop theirs. SIGTERM is ignored while
+it writes, and `$AIR_ATTEMPT_DIR/failure-saves/rank-R` tells the local runner to
+wait for it (up to `FAILURE_SAVE_WAIT_S` there) before tearing the attempt down.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+import warnings
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from air_sdk.runtime._context import context
+from air_sdk.runtime._poster import warn
+
+if TYPE_CHECKING:
+    from air_sdk.runtime.checkpoint import Checkpointer
+
+__all__ = ["ENV", "collective_failure", "ineligible_state", "track"]
+
+#: `0` turns failure saves off
+ENV = "AIR_CHECKPOINT_ON_FAILURE"
+#: where a rank says it is writing a failure save (under $AIR_ATTEMPT_DIR)
+MARKER_DIR = "failure-saves"
+#: what a collective's failure says (gloo's transport errors; NCCL's; torch's DistError)
+_COLLECTIVE_WORDS = ("third_party/gloo", "Connection reset by peer", "Connection closed by peer")
+_BACKWARD_FILES = (os.path.join("torch", "_tensor.py"), os.path.join("torch", "autograd"))
+
+
+class _Frozen:
+    """A loader's position as of the last optimizer step, saved in the loader's place."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # pragma: no cover - Stateful
+        raise NotImplementedError
+
+
+class _Tracker:
+    """What the failure save needs: the state, the step it was at, steps since."""
+
+    def __init__(self, checkpointer: Checkpointer, state: Mapping[str, Any], step: int) -> None:
+        import torch
+
+        from air_sdk.runtime._shipper import get_shipper
+
+        self.checkpointer = weakref.ref(checkpointer)
+        self.state = state
+        self.base_step = step
+        self.problem = ineligible_state(state)
+        self.optimizers = [v for v in state.values() if isinstance(v, torch.optim.Optimizer)]
+        self.steps = {id(o): 0 for o in self.optimizers}
+        self.loaders = {k: v for k, v in state.items() if _is_loader(v)}
+        self.positions = {k: v.state_dict() for k, v in self.loaders.items()}
+        self.marks_at_step = get_shipper().num_step_marks
+
+    def on_optimizer_step(self, optimizer: Any) -> None:
+        from air_sdk.runtime._shipper import get_shipper
+
+        if id(optimizer) not in self.steps:
+            return
+        self.steps[id(optimizer)] += 1
+        self.positions = {k: v.state_dict() for k, v in self.loaders.items()}
+        self.marks_at_step = get_shipper().num_step_marks
+
+    def step_to_save(self) -> tuple[int | None, str]:
+        """(the step the state is at, "") or (None, why it is not known)."""
+        from air_sdk.runtime._shipper import get_shipper
+
+        counts = set(self.steps.values())
+        if len(counts) != 1:
+            return None, "the optimizers in the state stepped different numbers of times"
+        k = counts.pop()
+        if k == 0:
+            return None, f"no optimizer step since step {self.base_step} was saved or loaded"
+        shipper = get_shipper()
+        if shipper.num_step_marks == self.marks_at_step:
+            return None, "no air.log(step=...) after the last optimizer step"
+        if shipper.last_step != self.base_step + k:
+            return None, (
+                f"air.log marked step {shipper.last_step} but {k} optimizer steps after step"
+                f" {self.base_step} make {self.base_step + k} (one optimizer step per logged"
+                " step is what a failure save can vouch for)"
+            )
+        return self.base_step + k, ""
+
+
+_tracker: _Tracker | None = None
+_hooked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_hook_lock = threading.Lock()
+_previous_hook: Any = None
+
+
+def track(checkpointer: Checkpointer, state: Mapping[str, Any], step: int) -> None:
+    """After a save or load of `step` (0: nothing was loaded): follow `state` from here."""
+    global _tracker
+    ctx = context()
+    if not (checkpointer.on_failure and ctx.job_id and ctx.world_size > 1):
+        _tracker = None
+        return
+    tracker = _Tracker(checkpointer, state, step)
+    with _hook_lock:
+        for optimizer in tracker.optimizers:
+            if optimizer not in _hooked:
+                _hooked[optimizer] = optimizer.register_step_post_hook(_on_step)
+        _tracker = tracker
+        _install_excepthook()
+
+
+def _on_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    tracker = _tracker
+    if tracker is not None:
+        tracker.on_optimizer_step(optimizer)
+
+
+def _is_loader(value: Any) -> bool:
+    data = sys.modules.get("air_sdk.runtime.data")
+    return data is not None and isinstance(
+        value, (data.StatefulDistributedSampler, data.ResumableLoader)
+    )
+
+
+def ineligible_state(state: Mapping[str, Any]) -> str | None:
+    """Why a survivor's copy of `state` may not be the whole state after a step; None if it is.
+
+    Example:
+        >>> ineligible_state({"epoch": 3})
+        "state['epoch'] (int) may have changed since the last completed step"
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    for key, value in state.items():
+        if isinstance(value, torch.nn.parallel.DistributedDataParallel):
+            if any(isinstance(p, DTensor) for p in value.parameters()):
+                return f"state[{key!r}] has sharded (DTensor) parameters"
+        elif isinstance(value, torch.nn.Module):
+            return (
+                f"state[{key!r}] ({type(value).__name__}) is not DistributedDataParallel:"
+                " the surviving ranks may not hold all of it"
+            )
+        elif not (
+            isinstance(value, (torch.optim.Optimizer, LRScheduler, ReduceLROnPlateau))
+            or _is_loader(value)
+        ):
+            return f"state[{key!r}] ({type(value).__name__}) may have changed since the last completed step"
+    return None
+
+
+def collective_failure(exc: BaseException, tb: TracebackType | None) -> bool:
+    """Whether `exc` is a collective that failed (a peer died) inside `backward()`."""
+    import torch.distributed as dist
+
+    dist_error = getattr(dist, "DistError", ())
+    text = str(exc)
+    if not (
+        (dist_error and isinstance(exc, dist_error))
+        or (isinstance(exc, RuntimeError) and any(w in text for w in _COLLECTIVE_WORDS))
+    ):
+        return False
+    return any(
+        frame.name == "backward" and any(part in frame.filename for part in _BACKWARD_FILES)
+        for frame in traceback.extract_tb(tb)
+    )
+
+
+def _install_excepthook() -> None:
+    global _previous_hook
+    if _previous_hook is None:
+        _previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+
+
+def _excepthook(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    try:
+        if _tracker is not None and collective_failure(exc, tb):
+            save_at_failure(_tracker)
+    except Exception as error:  # the original error must still be reported
+        warn(f"no checkpoint at the failure: {error!r}")
+    finally:
+        (_previous_hook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def save_at_failure(tracker: _Tracker) -> int | None:
+    """Write the failure checkpoint; its step, or None (and a message why not)."""
+    from air_sdk.runtime._storage import LocalStorage
+
+    checkpointer = tracker.checkpointer()
+    storage = checkpointer.storage if checkpointer is not None else None
+    step, why = tracker.step_to_save()
+    if tracker.problem:
+        why = tracker.problem
+    elif not isinstance(storage, LocalStorage):
+        why = "the checkpoint directory is not a local path (a rename must commit it)"
+    if step is None or why:
+        warn(f"no checkpoint at the failure: {why}; the restart resumes from the last save")
+        return None
+    assert checkpointer is not None and isinstance(storage, LocalStorage)
+    marker = _marker()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the runner waits for the marker
+    try:
+        if marker is not None:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(str(step))
+        return _write(checkpointer, storage, tracker, step)
+    finally:
+        if marker is not None:
+            marker.unlink(missing_ok=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _marker() -> Path | None:
+    attempt_dir = os.environ.get("AIR_ATTEMPT_DIR")
+    if not attempt_dir:
+        return None
+    return Path(attempt_dir) / MARKER_DIR / f"rank-{context().rank}"
+
+
+def _write(checkpointer: Checkpointer, storage: Any, tracker: _Tracker, step: int) -> int | None:
+    import torch.distributed.checkpoint as dcp
+
+    from air_sdk.runtime._fork_snapshot import state_dicts
+    from air_sdk.runtime._manifest import MANIFEST_NAME, FileEntry, Manifest, step_dir_name
+    from air_sdk.runtime.checkpoint import _NO_DIST_WARNING, _is_committed, _stateful
+
+    started = time.monotonic()
+    ctx = context()
+    state = {
+        k: _Frozen(tracker.positions[k]) if k in tracker.loaders else v
+        for k, v in tracker.state.items()
+    }
+    flat = state_dicts(_stateful(state))
+    final = storage.join(storage.root, step_dir_name(step))
+    if _is_committed(storage, final, step):
+        return step  # another survivor was faster
+    tmp = storage.join(storage.root, f".failure-step-{step}-rank-{ctx.rank}-{uuid.uuid4().hex[:8]}")
+    storage.make_dirs(tmp)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+            warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+            dcp.save(flat, storage_writer=storage.writer(tmp), no_dist=True)
+        files = []
+        for name in storage.list_dir(tmp):
+            size, sha = storage.digest(storage.join(tmp, name))
+            files.append(FileEntry(path=name, size=size, sha256=sha))
+        manifest = Manifest(
+            step=step,
+            world_size=ctx.world_size,
+            files=tuple(files),
+            job_id=ctx.job_id,
+            attempt=ctx.attempt,
+            data_position=tracker.positions or None,
+        )
+        storage.sync_dir(tmp)
+        storage.write_atomic(storage.join(tmp, MANIFEST_NAME), manifest.to_json())
+        if storage.exists(final):  # a leftover no one committed (a torn periodic save)
+            storage.move(
+                final, storage.join(storage.root, f".trash-step-{step}-{uuid.uuid4().hex[:8]}")
+            )
+        try:
+            os.rename(tmp, final)  # fails if another survivor's is in place: theirs stands
+        except OSError:
+            return step if _is_committed(storage, final, step) else None
+        storage.sync_dir(storage.root)
+    finally:
+        storage.remove_tree(tmp)
+    durable = time.monotonic() - started
+    warn(f"saved checkpoint step {step} at the failure ({final}, {durable:.2f} s)")
+    from air_sdk.runtime._shipper import get_shipper
+
+    get_shipper().add_checkpoint(
+        {
+            "step": step,
+            "path": final,
+            "world_size": manifest.world_size,
+            "size_bytes": manifest.size_bytes,
+            "num_files": len(manifest.files),
+            "blocked_s": round(durable, 4),
+            "durable_s": round(durable, 4),
+            "attempt": ctx.attempt,
+            "at_failure": True,
+        }
+    )
+    return step
