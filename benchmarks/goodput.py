@@ -10,10 +10,14 @@ the median step time, wall = end - start (submit or Popen to the end of the wind
 For AIR the gateway's own `job.record().goodput` is reported next to it.
 The issue's full figure is 600 s with a kill every 60 s (`--duration 600 --kill-every 60`).
 
-AIR runs twice, one after the other: with its warm agent pool (the default) and,
-unless --no-cold, with `AIR_WARM_AGENTS=0` (cold agents, as before warm agents).
-The runs are sequential (each needs the 2 cores to itself), so their load differs:
-the load average is recorded before and after each.
+AIR runs as it comes (warm agents, and a surviving rank checkpoints the step a peer
+died in: docs/failure-handling.md#a-checkpoint-at-the-failure), then, unless
+--no-variants, with that failure save off (`AIR_CHECKPOINT_ON_FAILURE=0`: restarts
+from the last periodic checkpoint, as torchrun does); --cold adds a run with
+`AIR_WARM_AGENTS=0` (cold agents). Each variant is a gateway started with that
+variable in its environment, which its ranks inherit. The runs are sequential (each
+needs the 2 cores to itself), so their load differs: the load average is recorded
+before and after each.
 
 Usage: .venv/bin/python benchmarks/goodput.py --duration 180 --kill-every 45
 """
@@ -28,7 +32,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +49,10 @@ from _common import (  # noqa: E402
     median,
     write_result,
 )
-from recovery import air_gateway_cold, rank_pid  # noqa: E402
+from recovery import rank_pid  # noqa: E402
 
 STEP_SLEEP_S = 0.1
+ENV_ON_FAILURE = "AIR_CHECKPOINT_ON_FAILURE"
 
 SCRIPT = f"""
 import os, sys, time
@@ -75,6 +81,22 @@ while step < 10_000_000:
         air.checkpoint.save(state, step=step)
     time.sleep({STEP_SLEEP_S})
 """
+
+
+@contextmanager
+def gateway_with(env: dict[str, str]) -> Iterator[tuple[Any, Any, Path]]:
+    """`air_gateway` started with `env` added to its environment (its ranks inherit it)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with air_gateway() as value:
+            yield value
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def kill_marked(marker: str) -> None:
@@ -160,6 +182,7 @@ def run_air(client, src: Path, args, every: int) -> dict:
     out = from_lines(lines, start, end)
     out.update(
         {
+            "failure_saves": sum(c.at_failure for c in job.checkpoints().commits),
             "air_goodput_at_end": rec_live.goodput,
             "air_goodput_after_cancel": job.record().goodput,
             "attempts": len(attempts),
@@ -216,8 +239,9 @@ def main() -> None:
         "--step-s", type=float, default=0.12, help="expected step time, to turn seconds into K"
     )
     ap.add_argument(
-        "--no-cold", action="store_true", help="skip AIR with AIR_WARM_AGENTS=0 (before)"
+        "--no-variants", action="store_true", help="skip AIR with AIR_CHECKPOINT_ON_FAILURE=0"
     )
+    ap.add_argument("--cold", action="store_true", help="add AIR with AIR_WARM_AGENTS=0")
     args = ap.parse_args()
     every = max(1, round(args.ckpt_every / args.step_s))
     src = Path(tempfile.mkdtemp(prefix="air-bench-goodput-"))
@@ -231,13 +255,19 @@ def main() -> None:
         print(f"{name}: goodput {fmt(out['goodput'], 3)}; load {loads[name]}", flush=True)
         return out
 
-    with air_gateway() as (client, _gw, _home):
-        air = timed("AIR", run_air, client, src, args, every)
-    cold = None
-    if not args.no_cold:
-        with air_gateway_cold() as (client, _gw, _home):
-            cold = timed("AIR cold", run_air, client, src, args, every)
+    variants = [("AIR", "AIR", {})]
+    if not args.no_variants:
+        variants.append(
+            ("AIR, AIR_CHECKPOINT_ON_FAILURE=0", "AIR no failure save", {ENV_ON_FAILURE: "0"})
+        )
+    if args.cold:
+        variants.append(("AIR, AIR_WARM_AGENTS=0", "AIR cold", {"AIR_WARM_AGENTS": "0"}))
+    results: dict[str, dict] = {}
+    for _name, key, env in variants:
+        with gateway_with(env) as (client, _gw, _home):
+            results[key] = timed(key, run_air, client, src, args, every)
     torchrun = timed("torchrun", run_torchrun, src, args, every)
+    air = results["AIR"]
     print(
         header(
             f"Goodput: {args.duration:g} s, rank 1 SIGKILLed every {args.kill_every:g} s, "
@@ -246,9 +276,7 @@ def main() -> None:
     )
     print()
     rows = []
-    runners = [("AIR (warm agents)", "AIR", air)]
-    if cold is not None:
-        runners.append(("AIR, AIR_WARM_AGENTS=0 (before)", "AIR cold", cold))
+    runners = [(name, key, results[key]) for name, key, _ in variants]
     runners.append(("torchrun --max-restarts=100", "torchrun", torchrun))
     for name, key, r in runners:
         rows.append(
@@ -261,6 +289,7 @@ def main() -> None:
                 fmt(r["median_step_s"], 3),
                 fmt(r["wall_s"], 1),
                 len(r["kills_at_s"]),
+                r.get("failure_saves", "n/a"),
                 ", ".join(str(s) for s in r["resumes"]),
                 "{:.1f} -> {:.1f}".format(*loads[key]),
             ]
@@ -276,6 +305,7 @@ def main() -> None:
                 "median step s",
                 "wall s",
                 "kills",
+                "saves at the failure",
                 "resumed from",
                 "load",
             ],
@@ -284,17 +314,16 @@ def main() -> None:
     )
     ratio = air["goodput"] / torchrun["goodput"]
     print(f"\nAIR / torchrun goodput: {ratio:.3f}x (goal: AIR >= 0.85 and above torchrun)")
-    if cold is not None:
-        print(f"AIR with warm agents off / torchrun: {cold['goodput'] / torchrun['goodput']:.3f}x")
-        print(f"AIR (warm agents off) attempts' time lost s: {cold['attempt_lost_s']}")
-    print(f"AIR attempts' time lost s: {air['attempt_lost_s']}")
+    for name, key, _ in variants[1:]:
+        print(f"{name} / torchrun: {results[key]['goodput'] / torchrun['goodput']:.3f}x")
+    for name, key, _ in variants:
+        print(f"{name}: attempts' time lost s: {results[key]['attempt_lost_s']}")
     write_result(
         "goodput",
         {
             "args": vars(args),
             "every_steps": every,
-            "air": air,
-            "air_cold": cold,
+            "air": results,
             "torchrun": torchrun,
             "ratio": ratio,
             "loadavg": loads,
