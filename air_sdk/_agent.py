@@ -10,8 +10,17 @@ state from a 1 s cache, and waits a random 0-0.3 s before its first round. A loc
 attempt is 2-3 agents on 127.0.0.1, where those waits are most of the time from the
 agents' start to their workers' start (every launch and every restart pays them).
 Here the agents poll every 50 ms without the cache and without the first-round
-jitter. Everything else (arguments, elastic agent, worker environment, exit codes)
-is torchrun's own.
+jitter.
+
+One more change: the rendezvous store lives in one of the agents, and when that
+agent's node dies, a stock agent elsewhere fails its next look at the store ("how
+many nodes are waiting to join?") and stops its own workers at once. Those workers
+may be about to save the state they hold (a checkpoint at the failure, see
+`air_sdk.runtime._failure_save`), and AIR's runner, not torchrun, decides when an
+attempt ends and restarts it (its agents run with --max-restarts=0 and a fixed
+number of nodes: no node can join). So a store that cannot be reached reads as "no
+node waiting", and the agent keeps watching its workers until they end. Everything
+else (arguments, elastic agent, worker environment, exit codes) is torchrun's own.
 
 This touches torch internals (`dynamic_rendezvous._delay` and the state holder's
 `_cache_duration`); when they are not as expected nothing is changed and the agent
@@ -40,13 +49,17 @@ def is_agent(cmdline: list[str]) -> bool:
 
 def tune_rendezvous() -> bool:
     """Make the dynamic rendezvous poll every `POLL_S` with no state cache and no
-    first-round jitter; False (and no change) when torch's internals differ."""
+    first-round jitter, and read a lost store as no node waiting to join; False (and
+    no change) when torch's internals differ."""
     try:
+        from torch.distributed.elastic.rendezvous import RendezvousConnectionError
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
 
         delay = rdzv._delay
         holder = rdzv._BackendRendezvousStateHolder
         init = holder.__init__
+        handler = rdzv.DynamicRendezvousHandler
+        waiting = handler.num_nodes_waiting
     except (ImportError, AttributeError):
         return False
 
@@ -60,8 +73,15 @@ def tune_rendezvous() -> bool:
         if hasattr(self, "_cache_duration"):
             self._cache_duration = 0
 
+    def waiting_unless_store_lost(self: Any) -> int:
+        try:
+            return waiting(self)
+        except RendezvousConnectionError:
+            return 0  # the store's host is gone: keep watching the workers
+
     rdzv._delay = fast_delay
     holder.__init__ = uncached_init  # type: ignore[method-assign]
+    handler.num_nodes_waiting = waiting_unless_store_lost  # type: ignore[method-assign]
     return True
 
 

@@ -41,6 +41,9 @@ PROGRESS_CHECK_S = 0.5
 #: how long a failed attempt's teardown waits for surviving ranks that are writing a
 #: checkpoint at the failure (`air_sdk.runtime._failure_save`)
 FAILURE_SAVE_WAIT_S = 30.0
+#: ... and, where ranks can write one, how long it waits for the rest to notice the
+#: failure (their next collective fails) before it stops them
+FAILURE_SAVE_NOTICE_S = 2.0
 
 
 #: rank deaths that point at the machine rather than the code
@@ -422,20 +425,29 @@ class JobController:
         self._fail_or_restart(failure)
 
     def _wait_for_failure_saves(self) -> None:
-        """Wait (at most FAILURE_SAVE_WAIT_S) while a rank's failure-save marker exists;
-        a rank removes it when its save is done, and a marker of a dead rank is stale."""
+        """Let surviving ranks write their checkpoint at the failure before the teardown.
+
+        Ranks that can write one leave `failure-saves/armed-rank-R`: then every rank
+        still running gets FAILURE_SAVE_NOTICE_S to notice the failure (its next
+        collective fails) and either exit or start saving (`failure-saves/rank-R`,
+        removed when done); saves get FAILURE_SAVE_WAIT_S in all. Without an armed rank
+        nothing waits."""
         markers = self.paths.attempt(self.attempt) / "failure-saves"
-        deadline = time.monotonic() + FAILURE_SAVE_WAIT_S
-        while time.monotonic() < deadline:
+        if not any(markers.glob("armed-rank-*")):
+            return
+        start = time.monotonic()
+        world = self.spec.resources.world_size
+        while time.monotonic() - start < FAILURE_SAVE_WAIT_S:
             exited = self._rank_exits()
-            saving = [
-                m
+            saving = {
+                int(m.name[5:])
                 for m in markers.glob("rank-*")
                 if m.name[5:].isdigit() and int(m.name[5:]) not in exited
-            ]
-            if not saving:
+            }
+            undecided = world - len(exited) - len(saving)
+            if not saving and (undecided <= 0 or time.monotonic() - start >= FAILURE_SAVE_NOTICE_S):
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
         log.warning(
             "job %s: a checkpoint at the failure took over %.0f s", self.job_id, FAILURE_SAVE_WAIT_S
         )

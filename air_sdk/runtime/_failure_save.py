@@ -14,7 +14,8 @@ message says which did not (the restart then uses the last periodic checkpoint,
 as always):
 
 * the job runs under AIR (`AIR_JOB_ID`), with a local checkpoint directory, in a
-  world of more than one rank, and neither `air.checkpoint.configure(on_failure=False)`
+  world of more than one rank on gloo (NCCL collectives wait for a dead peer rather
+  than fail), and neither `air.checkpoint.configure(on_failure=False)`
   nor `AIR_CHECKPOINT_ON_FAILURE=0` turned it off;
 * `air.checkpoint.save` or `load` saw the state, and it holds only
   DistributedDataParallel modules (replicated: a survivor has all of them),
@@ -32,8 +33,10 @@ failing step's batch when the failure comes); the rest is saved as it is at the
 failure. The rank writes a whole, single-process DCP checkpoint into a hidden
 directory, hashes it, writes its manifest and renames the directory to `step-N`:
 the first survivor to rename wins, the others drop theirs. SIGTERM is ignored while
-it writes, and `$AIR_ATTEMPT_DIR/failure-saves/rank-R` tells the local runner to
-wait for it (up to `FAILURE_SAVE_WAIT_S` there) before tearing the attempt down.
+it writes. Two files under `$AIR_ATTEMPT_DIR/failure-saves/` coordinate with the local
+runner, which usually sees the death first: `armed-rank-R` (this rank would save at a
+failure) makes it give the ranks a moment to notice the failure before stopping them,
+and `rank-R` (saving now) makes it wait for the save (see `JobController`).
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ class _Tracker:
         self.checkpointer = weakref.ref(checkpointer)
         self.state = state
         self.base_step = step
-        self.problem = ineligible_state(state)
+        self.problem = ineligible_state(state) or _backend_problem()
         self.optimizers = [v for v in state.values() if isinstance(v, torch.optim.Optimizer)]
         self.steps = {id(o): 0 for o in self.optimizers}
         self.loaders = {k: v for k, v in state.items() if _is_loader(v)}
@@ -135,6 +138,7 @@ _tracker: _Tracker | None = None
 _hooked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _hook_lock = threading.Lock()
 _previous_hook: Any = None
+_armed = False
 
 
 def track(checkpointer: Checkpointer, state: Mapping[str, Any], step: int) -> None:
@@ -143,6 +147,7 @@ def track(checkpointer: Checkpointer, state: Mapping[str, Any], step: int) -> No
     ctx = context()
     if not (checkpointer.on_failure and ctx.job_id and ctx.world_size > 1):
         _tracker = None
+        _arm(False)
         return
     tracker = _Tracker(checkpointer, state, step)
     with _hook_lock:
@@ -151,6 +156,27 @@ def track(checkpointer: Checkpointer, state: Mapping[str, Any], step: int) -> No
                 _hooked[optimizer] = optimizer.register_step_post_hook(_on_step)
         _tracker = tracker
         _install_excepthook()
+    _arm(tracker.problem is None)
+
+
+def _arm(armed: bool) -> None:
+    """`failure-saves/armed-rank-R`: this rank would save at a failure, so the runner
+    gives it a moment to notice one before stopping it."""
+    global _armed
+    if armed == _armed:
+        return
+    path = _marker("armed-rank")
+    if path is None:
+        return
+    try:
+        if armed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
+        _armed = armed
+    except OSError as exc:
+        warn(f"cannot write {path}: {exc}")
 
 
 def _on_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -191,6 +217,17 @@ def ineligible_state(state: Mapping[str, Any]) -> str | None:
             or _is_loader(value)
         ):
             return f"state[{key!r}] ({type(value).__name__}) may have changed since the last completed step"
+    return None
+
+
+def _backend_problem() -> str | None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() != "gloo":
+        return (
+            f"the {dist.get_backend()} backend's collectives wait for a dead peer instead of"
+            " failing"
+        )
     return None
 
 
@@ -258,11 +295,11 @@ def save_at_failure(tracker: _Tracker) -> int | None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _marker() -> Path | None:
+def _marker(kind: str = "rank") -> Path | None:
     attempt_dir = os.environ.get("AIR_ATTEMPT_DIR")
     if not attempt_dir:
         return None
-    return Path(attempt_dir) / MARKER_DIR / f"rank-{context().rank}"
+    return Path(attempt_dir) / MARKER_DIR / f"{kind}-{context().rank}"
 
 
 def _write(checkpointer: Checkpointer, storage: Any, tracker: _Tracker, step: int) -> int | None:

@@ -53,7 +53,8 @@ while step < total:
         air.log(step=step, loss=loss.item())
         if step % every == 0:
             air.checkpoint.save(state, step=step)
-        time.sleep(0.05)
+        # rank 0 is still asleep when rank 1 dies: the runner sees the death first
+        time.sleep(1.5 if fresh and ctx.rank == 0 and step == die_at - 1 else 0.05)
         if step == total:
             break
     else:
@@ -128,8 +129,9 @@ def test_kill_and_resume_ends_with_the_parameters_of_an_uninterrupted_run(
 def test_a_survivor_checkpoints_the_step_a_peer_died_in(
     gateway, gateway_process, workdir, tmp_path, on_failure
 ):
-    """Rank 1 dies as step 27 starts: rank 0's all-reduce of step 27 fails, and it saves
-    step 26 (AIR_CHECKPOINT_ON_FAILURE on, the default), so the restart redoes no step;
+    """Rank 1 dies as step 27 starts, while rank 0 still sleeps after step 26: the runner
+    sees the death first and gives rank 0 time to notice it. Rank 0's all-reduce of step
+    27 fails, and it saves step 26 (the default), so the restart redoes no step;
     with it off (`configure(on_failure=False)`) the restart resumes from the periodic
     checkpoint of step 20."""
     src = workdir(TRAIN)

@@ -32,6 +32,46 @@ def test_the_agent_polls_the_rendezvous_every_50_ms_without_cache_or_skew():
     assert out.stdout.split() == [f"[{POLL_S}]", "0"]
 
 
+# A handler whose store is gone, as when the agent hosting it died with its node.
+LOST_STORE = textwrap.dedent(
+    """
+    import threading
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    class Holder:
+        def sync(self):
+            raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+    class Handler:
+        _heartbeat_lock = threading.Lock()
+        _state_holder = Holder()
+        def _record(self, **kwargs):
+            pass
+
+    def waiting():
+        try:
+            return rdzv.DynamicRendezvousHandler.num_nodes_waiting(Handler())
+        except RendezvousConnectionError:
+            return "raises"
+
+    before = waiting()
+    from air_sdk._agent import tune_rendezvous
+    assert tune_rendezvous()
+    print(before, waiting())
+    """
+)
+
+
+def test_a_lost_rendezvous_store_does_not_make_the_agent_stop_its_workers():
+    """Stock torchrun stops its workers when the store's host (another node's agent)
+    dies; AIR's agent keeps them, so a survivor can save its checkpoint at the failure."""
+    out = subprocess.run(
+        [sys.executable, "-c", LOST_STORE], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["raises", "0"]
+
+
 def test_the_agent_is_torchrun_itself():
     out = subprocess.run(
         [sys.executable, "-m", MODULE, "--help"],

@@ -48,6 +48,7 @@ def rank_0_of_two(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Shipper:
     shipper = Shipper()
     monkeypatch.setattr("air_sdk.runtime._shipper.get_shipper", lambda: shipper)
     monkeypatch.setattr(_failure_save, "_tracker", None)
+    monkeypatch.setattr(_failure_save, "_armed", False)
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield shipper
@@ -248,3 +249,17 @@ def test_off_by_configure_or_outside_a_job(
     monkeypatch.setenv("AIR_JOB_ID", "job-1")
     Checkpointer(tmp_path / "ckpt").load(make_state())
     assert _failure_save._tracker is not None
+
+
+def test_a_rank_that_could_save_tells_the_runner_and_takes_it_back(tmp_path: Path) -> None:
+    """`failure-saves/armed-rank-R` makes the runner wait for survivors to notice a
+    failure before it stops them (else its SIGTERM can beat their save)."""
+    armed = tmp_path / "attempt" / "failure-saves" / "armed-rank-0"
+    Checkpointer(tmp_path / "ckpt").load(make_state())
+    assert armed.exists()
+    Checkpointer(tmp_path / "ckpt").load({**make_state(), "epoch": 1})
+    assert not armed.exists()
+    Checkpointer(tmp_path / "ckpt").load(make_state())
+    assert armed.exists()
+    Checkpointer(tmp_path / "ckpt", on_failure=False).load(make_state())
+    assert not armed.exists()
