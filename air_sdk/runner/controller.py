@@ -46,6 +46,12 @@ FAILURE_SAVE_WAIT_S = 30.0
 FAILURE_SAVE_NOTICE_S = 2.0
 
 
+def _marked(directory: Path, prefix: str) -> set[int]:
+    """The ranks R with a file `<prefix>R` in `directory`."""
+    n = len(prefix)
+    return {int(m.name[n:]) for m in directory.glob(prefix + "*") if m.name[n:].isdigit()}
+
+
 #: rank deaths that point at the machine rather than the code
 _HARDWARE_SIGNALS = frozenset({"SIGBUS", "SIGSEGV", "SIGILL"})
 
@@ -429,22 +435,18 @@ class JobController:
 
         Ranks that can write one leave `failure-saves/armed-rank-R`: then every rank
         still running gets FAILURE_SAVE_NOTICE_S to notice the failure (its next
-        collective fails) and either exit or start saving (`failure-saves/rank-R`,
-        removed when done); saves get FAILURE_SAVE_WAIT_S in all. Without an armed rank
-        nothing waits."""
+        collective fails) and exit, start saving (`failure-saves/rank-R`) or say it is
+        past that (`failure-saves/done-rank-R`); saves get FAILURE_SAVE_WAIT_S in all.
+        Without an armed rank nothing waits."""
         markers = self.paths.attempt(self.attempt) / "failure-saves"
         if not any(markers.glob("armed-rank-*")):
             return
         start = time.monotonic()
         world = self.spec.resources.world_size
         while time.monotonic() - start < FAILURE_SAVE_WAIT_S:
-            exited = self._rank_exits()
-            saving = {
-                int(m.name[5:])
-                for m in markers.glob("rank-*")
-                if m.name[5:].isdigit() and int(m.name[5:]) not in exited
-            }
-            undecided = world - len(exited) - len(saving)
+            decided = set(self._rank_exits()) | _marked(markers, "done-rank-")
+            saving = _marked(markers, "rank-") - decided
+            undecided = world - len(decided) - len(saving)
             if not saving and (undecided <= 0 or time.monotonic() - start >= FAILURE_SAVE_NOTICE_S):
                 return
             time.sleep(0.02)

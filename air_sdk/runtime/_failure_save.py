@@ -36,7 +36,9 @@ the first survivor to rename wins, the others drop theirs. SIGTERM is ignored wh
 it writes. Two files under `$AIR_ATTEMPT_DIR/failure-saves/` coordinate with the local
 runner, which usually sees the death first: `armed-rank-R` (this rank would save at a
 failure) makes it give the ranks a moment to notice the failure before stopping them,
-and `rank-R` (saving now) makes it wait for the save (see `JobController`).
+`rank-R` (saving now) makes it wait for the save, and `done-rank-R` (past the save,
+or decided not to save) lets it stop the rank without waiting for it to exit (see
+`JobController`).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class _Tracker:
 
         from air_sdk.runtime._shipper import get_shipper
 
-        self.checkpointer = weakref.ref(checkpointer)
+        self.storage = checkpointer.storage  # not the checkpointer: it may be dropped
         self.state = state
         self.base_step = step
         self.problem = ineligible_state(state) or _backend_problem()
@@ -264,15 +266,29 @@ def _excepthook(
     except Exception as error:  # the original error must still be reported
         warn(f"no checkpoint at the failure: {error!r}")
     finally:
+        _decided()
         (_previous_hook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _decided() -> None:
+    """`failure-saves/done-rank-R`: an armed rank is past its save (or chose not to
+    save), so the runner need not wait for it to exit: leaving after a peer's death
+    can take a while (the process group's teardown), and the runner stops it anyway."""
+    if not _armed:
+        return
+    path = _marker("done-rank")
+    if path is not None:
+        try:
+            path.touch()
+        except OSError:
+            pass  # the runner then waits for the exit, as without markers
 
 
 def save_at_failure(tracker: _Tracker) -> int | None:
     """Write the failure checkpoint; its step, or None (and a message why not)."""
     from air_sdk.runtime._storage import LocalStorage
 
-    checkpointer = tracker.checkpointer()
-    storage = checkpointer.storage if checkpointer is not None else None
+    storage = tracker.storage
     step, why = tracker.step_to_save()
     if tracker.problem:
         why = tracker.problem
@@ -281,14 +297,18 @@ def save_at_failure(tracker: _Tracker) -> int | None:
     if step is None or why:
         warn(f"no checkpoint at the failure: {why}; the restart resumes from the last save")
         return None
-    assert checkpointer is not None and isinstance(storage, LocalStorage)
+    assert isinstance(storage, LocalStorage)
     marker = _marker()
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the runner waits for the marker
     try:
         if marker is not None:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(str(step))
-        return _write(checkpointer, storage, tracker, step)
+        saved = _write(storage, tracker, step)
+        from air_sdk.runtime._shipper import get_shipper
+
+        get_shipper().flush(timeout=2.0)  # the commit event, before the runner stops us
+        return saved
     finally:
         if marker is not None:
             marker.unlink(missing_ok=True)
@@ -302,7 +322,7 @@ def _marker(kind: str = "rank") -> Path | None:
     return Path(attempt_dir) / MARKER_DIR / f"{kind}-{context().rank}"
 
 
-def _write(checkpointer: Checkpointer, storage: Any, tracker: _Tracker, step: int) -> int | None:
+def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
     import torch.distributed.checkpoint as dcp
 
     from air_sdk.runtime._fork_snapshot import state_dicts

@@ -263,3 +263,25 @@ def test_a_rank_that_could_save_tells_the_runner_and_takes_it_back(tmp_path: Pat
     assert armed.exists()
     Checkpointer(tmp_path / "ckpt", on_failure=False).load(make_state())
     assert not armed.exists()
+
+
+def test_an_armed_rank_says_when_it_is_past_its_save(
+    tmp_path: Path, rank_0_of_two: Shipper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`done-rank-R`: the runner need not wait for the rank's (slow) exit after a peer
+    died, once its save is written, or once it chose not to save."""
+    done = tmp_path / "attempt" / "failure-saves" / "done-rank-0"
+    state = make_state()
+    Checkpointer(tmp_path / "ckpt").load(state)
+    batches = iter(state["data"])
+    train(state, batches, rank_0_of_two, first=1, n=2)
+    exc, tb = failing_backward(state, batches)
+    _failure_save._excepthook(RuntimeError, exc, tb)
+    assert done.exists() and (tmp_path / "ckpt" / "step-2" / "manifest.json").exists()
+    assert "Connection reset by peer" in capsys.readouterr().err  # still reported
+    done.unlink()
+    try:
+        raise ValueError("a bug, not a peer's death")
+    except ValueError as bug:
+        _failure_save._excepthook(ValueError, bug, bug.__traceback__)
+    assert done.exists() and not (tmp_path / "ckpt" / "step-3").exists()
