@@ -67,9 +67,9 @@ __all__ = ["ENV", "collective_failure", "ineligible_state", "track"]
 
 #: `0` turns failure saves off
 ENV = "AIR_CHECKPOINT_ON_FAILURE"
-#: where a rank says it is writing a failure save (under $AIR_ATTEMPT_DIR)
+#: where a rank tells the runner about its failure save (under $AIR_ATTEMPT_DIR)
 MARKER_DIR = "failure-saves"
-#: what a collective's failure says (gloo's transport errors; NCCL's; torch's DistError)
+#: what a collective's failure says where it is not a torch DistError (gloo's transport)
 _COLLECTIVE_WORDS = ("third_party/gloo", "Connection reset by peer", "Connection closed by peer")
 _BACKWARD_FILES = (os.path.join("torch", "_tensor.py"), os.path.join("torch", "autograd"))
 
@@ -118,6 +118,8 @@ class _Tracker:
         """(the step the state is at, "") or (None, why it is not known)."""
         from air_sdk.runtime._shipper import get_shipper
 
+        if not self.steps:
+            return None, "no optimizer in the state: its steps are what count completed steps"
         counts = set(self.steps.values())
         if len(counts) != 1:
             return None, "the optimizers in the state stepped different numbers of times"

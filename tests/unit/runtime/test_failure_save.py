@@ -210,6 +210,15 @@ def test_a_state_a_survivor_cannot_vouch_for_is_not_saved(
     assert f"no checkpoint at the failure: {why}" in capsys.readouterr().err
 
 
+def test_without_an_optimizer_there_is_no_step_to_vouch_for(tmp_path: Path) -> None:
+    state = make_state()
+    Checkpointer(tmp_path / "ckpt").load({"model": state["model"]})
+    assert _failure_save._tracker.step_to_save() == (
+        None,
+        "no optimizer in the state: its steps are what count completed steps",
+    )
+
+
 def test_a_scheduler_and_a_plain_ddp_state_are_eligible() -> None:
     state = make_state()
     state["sched"] = torch.optim.lr_scheduler.StepLR(state["optim"], step_size=2)
