@@ -93,15 +93,20 @@ class _Tracker:
     def __init__(self, checkpointer: Checkpointer, state: Mapping[str, Any], step: int) -> None:
         import torch
 
-        from air_sdk.runtime._shipper import get_shipper
-
         self.storage = checkpointer.storage  # not the checkpointer: it may be dropped
         self.state = state
-        self.base_step = step
+        self.contents = dict(state)  # held: an id compared later must still be this object
         self.problem = ineligible_state(state) or _backend_problem()
         self.optimizers = [v for v in state.values() if isinstance(v, torch.optim.Optimizer)]
-        self.steps = {id(o): 0 for o in self.optimizers}
         self.loaders = {k: v for k, v in state.items() if _is_loader(v)}
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        """Count from `step` (just saved or loaded) again."""
+        from air_sdk.runtime._shipper import get_shipper
+
+        self.base_step = step
+        self.steps = {id(o): 0 for o in self.optimizers}
         self.positions = {k: v.state_dict() for k, v in self.loaders.items()}
         self.marks_at_step = get_shipper().num_step_marks
 
@@ -153,6 +158,14 @@ def track(checkpointer: Checkpointer, state: Mapping[str, Any], step: int) -> No
         _tracker = None
         _arm(False)
         return
+    tracker = _tracker
+    if (
+        tracker is not None
+        and tracker.storage is checkpointer.storage
+        and _same(tracker.contents, state)
+    ):
+        tracker.restart(step)  # the same objects saved again: nothing to check or hook anew
+        return
     tracker = _Tracker(checkpointer, state, step)
     with _hook_lock:
         for optimizer in tracker.optimizers:
@@ -181,6 +194,11 @@ def _arm(armed: bool) -> None:
         _armed = armed
     except OSError as exc:
         warn(f"cannot write {path}: {exc}")
+
+
+def _same(held: Mapping[str, Any], state: Mapping[str, Any]) -> bool:
+    """Whether `state` holds the very objects `held` does (a tracker is reused then)."""
+    return held.keys() == state.keys() and all(held[k] is v for k, v in state.items())
 
 
 def _on_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -376,17 +394,5 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
     warn(f"saved checkpoint step {step} at the failure ({final}, {durable:.2f} s)")
     from air_sdk.runtime._shipper import get_shipper
 
-    get_shipper().add_checkpoint(
-        {
-            "step": step,
-            "path": final,
-            "world_size": manifest.world_size,
-            "size_bytes": manifest.size_bytes,
-            "num_files": len(manifest.files),
-            "blocked_s": round(durable, 4),
-            "durable_s": round(durable, 4),
-            "attempt": ctx.attempt,
-            "at_failure": True,
-        }
-    )
+    get_shipper().add_checkpoint(manifest.commit_record(final, durable, durable, at_failure=True))
     return step

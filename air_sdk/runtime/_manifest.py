@@ -94,6 +94,28 @@ class Manifest:
     def size_bytes(self) -> int:
         return sum(entry.size for entry in self.files)
 
+    def commit_record(
+        self, path: str, blocked_s: float, durable_s: float, **extra: Any
+    ) -> dict[str, Any]:
+        """The CheckpointCommit event (as a dict) that reports this checkpoint at `path`.
+
+        Example:
+            >>> m = Manifest(step=3, world_size=2, files=(FileEntry(".metadata", 10, "0" * 64),))
+            >>> m.commit_record("/ckpt/step-3", 0.01, 0.5, snapshot="copy")["size_bytes"]
+            10
+        """
+        return {
+            "step": self.step,
+            "path": path,
+            "world_size": self.world_size,
+            "size_bytes": self.size_bytes,
+            "num_files": len(self.files),
+            "blocked_s": round(blocked_s, 4),
+            "durable_s": round(durable_s, 4),
+            "attempt": self.attempt,
+            **extra,
+        }
+
     def to_json(self) -> bytes:
         body = asdict(self)
         body["files"] = [asdict(entry) for entry in self.files]

@@ -708,18 +708,12 @@ class Checkpointer:
     def _report_commit(self, pending: _Pending, manifest: Manifest) -> None:
         from air_sdk.runtime._shipper import get_shipper
 
-        record = {
-            "step": pending.step,
-            "path": pending.directory,
-            "world_size": manifest.world_size,
-            "size_bytes": manifest.size_bytes,
-            "num_files": len(manifest.files),
-            "blocked_s": round(pending.blocked_s, 4),
-            "durable_s": round(pending.durable_s, 4),
-            "attempt": manifest.attempt,
-            "snapshot": "fork" if pending.forked is not None else "copy",
-        }
-        get_shipper().add_checkpoint(record)
+        snapshot = "fork" if pending.forked is not None else "copy"
+        get_shipper().add_checkpoint(
+            manifest.commit_record(
+                pending.directory, pending.blocked_s, pending.durable_s, snapshot=snapshot
+            )
+        )
 
     def _report_restore(self, step: int, directory: str) -> None:
         from air_sdk.runtime._shipper import get_shipper
