@@ -421,6 +421,10 @@ class JobController:
         self._wait_for_failure_saves()
         self._teardown(grace_s=FAILURE_TEARDOWN_GRACE_S)
         after = self._rank_exits()
+        # A machine that left the cluster may be named only by the teardown (its peers'
+        # crashes can reach the runner before the cluster notices the machine is gone).
+        lost = {s.node: s for s in self.backend.poll(handle) if s.lost}
+        nodes = [lost.get(n.node, n) for n in nodes]
         failure = diagnose(
             self.attempt,
             list(before.values()),

@@ -115,7 +115,9 @@ def diagnose(
     connection) are consequences. A root cause killed by SIGTERM that the runner
     did not send is a preemption (not charged to the restart budget). Without any
     rank exit, a node's launcher died: the node is reported lost, with its
-    launcher's last lines.
+    launcher's last lines. A machine that left the cluster (`NodeStatus.lost`) comes
+    before any rank exit: its own ranks could report nothing, and the ranks that
+    did crash on other nodes lost their peer.
 
     Example:
         >>> bad = RankExit(rank=1, exit_code=3, tail=["boom"])
@@ -124,6 +126,9 @@ def diagnose(
     """
     failed = sorted(((ts, e) for ts, e in exits_before_teardown if not e.ok), key=lambda te: te[0])
     everyone = sorted(all_exits, key=lambda e: e.rank)
+    gone = [n for n in nodes if n.lost]
+    if gone:
+        return _lost_node(attempt, gone[0], node_log_tails, everyone)
     if failed:
         root = failed[0][1]
         preempted = not terminated_by_runner and (
@@ -145,18 +150,26 @@ def diagnose(
         )
     bad_nodes = [n for n in nodes if n.exit_code not in (None, 0)]
     if bad_nodes:
-        node = bad_nodes[0]
-        how = node.detail or f"its launcher exited with code {node.exit_code}"
-        return FailureInfo(
-            attempt=attempt,
-            reason=f"node {node.node} lost: {how}",
-            kind="lost_node",
-            node=node.node,
-            exit_code=node.exit_code if node.exit_code and node.exit_code > 0 else None,
-            log_tail=node_log_tails.get(node.node, []),
-            rank_exits=everyone,
-        )
+        return _lost_node(attempt, bad_nodes[0], node_log_tails, everyone)
     return FailureInfo(attempt=attempt, reason="the attempt failed for an unknown reason")
+
+
+def _lost_node(
+    attempt: int,
+    node: NodeStatus,
+    node_log_tails: dict[str, list[str]],
+    everyone: list[RankExit],
+) -> FailureInfo:
+    how = node.detail or f"its launcher exited with code {node.exit_code}"
+    return FailureInfo(
+        attempt=attempt,
+        reason=f"node {node.node} lost: {how}",
+        kind="lost_node",
+        node=node.node,
+        exit_code=node.exit_code if node.exit_code and node.exit_code > 0 else None,
+        log_tail=node_log_tails.get(node.node, []),
+        rank_exits=everyone,
+    )
 
 
 @dataclass

@@ -40,6 +40,9 @@ class NodeStatus:
     exit_code: int | None
     #: short human description when the node ended abnormally
     detail: str = ""
+    #: the machine itself went away (a Ray node that left the cluster), so its ranks
+    #: could report nothing; failures of ranks elsewhere are then its consequences
+    lost: bool = False
 
     @property
     def running(self) -> bool:

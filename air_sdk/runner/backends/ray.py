@@ -408,6 +408,7 @@ class RayBackend:
                     LOST_EXIT_CODE,
                     f"Ray node {n.node_id[:12]} ({n.address}) left the cluster before the job"
                     " started",
+                    lost=True,
                 )
                 n.dead = True
                 handle.phase = "ended"
@@ -445,11 +446,12 @@ class RayBackend:
         alive = self._refresh()
         # A worker's death is reported by its node's raylet, so the node is still there;
         # a machine (or raylet) that vanished makes the GCS say the node died.
-        if n.name not in alive or "because its node has died" in str(exc):
+        lost = n.name not in alive or "because its node has died" in str(exc)
+        if lost:
             detail = f"Ray node {n.node_id[:12]} ({n.address}) left the cluster"
         else:
             detail = f"its Ray actor died while {while_}: {_first_cause(exc)}"
-        n.final = NodeStatus(n.name, LOST_EXIT_CODE, detail)
+        n.final = NodeStatus(n.name, LOST_EXIT_CODE, detail, lost=lost)
         n.notes.append(f"[air] {detail}")
         n.notes.extend(f"[ray] {line}" for line in str(exc).strip().splitlines()[:8])
 
@@ -463,6 +465,7 @@ class RayBackend:
         then skips placing bundles and starting worker processes); `release` (the job
         ended, or went back to the queue), a launch elsewhere or `KEEP_S` frees them."""
         import ray
+        from ray.exceptions import RayActorError
 
         if handle.phase == "running" and wait_first_s > 0:
             refs = [n.watch_ref for n in handle.nodes if n.final is None]
@@ -477,8 +480,12 @@ class RayBackend:
             try:
                 n.tail = list(ray.get(stops[n.index], timeout=0.1))
                 stopped += 1
-            except Exception:
+            except Exception as exc:
                 n.tail = None
+                # A node whose machine left the cluster while the attempt was failing
+                # (its peers' crashes reached the runner first) is named here.
+                if n.final is None and isinstance(exc, RayActorError):
+                    self._ended(n, exc, while_="stopping")
         handle.phase = "ended"
         handle.bundle_ref = None
         if handle.nodes and stopped == len(handle.nodes) and handle.pg_ready:

@@ -27,6 +27,9 @@ class FakeAttempt:
     attempt: int
     exit_codes: dict[str, int | None]
     terminated: bool = False
+    #: nodes whose machine is gone, which the backend learns only while stopping
+    lost_by_teardown: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -47,10 +50,11 @@ class FakeBackend:
         return a
 
     def poll(self, handle):
-        return [NodeStatus(n, c) for n, c in handle.exit_codes.items()]
+        return [NodeStatus(n, c, lost=n in handle.lost) for n, c in handle.exit_codes.items()]
 
     def terminate(self, handle, grace_s, wait_first_s=0.0):
         handle.terminated = True
+        handle.lost |= handle.lost_by_teardown
         for n, c in handle.exit_codes.items():
             if c is None:
                 handle.exit_codes[n] = -15
@@ -156,6 +160,31 @@ def test_lost_node_without_rank_exit(store, tmp_path):
     failure = store.get_job(ctl.job_id).failure
     assert failure.reason.startswith("node n1 lost")
     assert failure.log_tail == ["n1 agent said goodbye"]
+
+
+def test_a_machine_that_left_is_the_cause_even_when_its_peers_crash_first(store, tmp_path):
+    # n1's machine vanished: the rank on n0 lost its peer and crashed, and that crash
+    # reached the runner before the cluster noticed n1 was gone (the teardown did).
+    ctl, backend = make(store, tmp_path, max_restarts=1)
+    ctl.step()
+    rank_exit(store, ctl, 0, code=1, node="n0", tail=["RuntimeError: Connection closed by peer"])
+    backend.attempts[0].exit_codes.update(n0=1)
+    backend.attempts[0].lost_by_teardown = {"n1"}
+    ctl.step()
+    failure = store.list_attempts(ctl.job_id)[0].failure
+    assert failure.kind == "lost_node" and failure.node == "n1"
+    assert failure.reason.startswith("node n1 lost")
+
+
+def test_diagnose_names_a_machine_that_left_before_the_crashes_it_caused():
+    victim = RankExit(rank=0, node="n0", exit_code=1, tail=["Connection closed by peer"])
+    gone = NodeStatus("n1", -9, "Ray node 1234 (10.0.0.2) left the cluster", lost=True)
+    info = diagnose(1, [(1.0, victim)], [victim], [NodeStatus("n0", 1), gone], {})
+    assert (info.kind, info.node) == ("lost_node", "n1")
+    assert info.reason == "node n1 lost: Ray node 1234 (10.0.0.2) left the cluster"
+    # an agent that merely exited badly does not outrank the rank that crashed
+    info = diagnose(1, [(1.0, victim)], [victim], [NodeStatus("n1", -9, "agent killed")], {})
+    assert (info.kind, info.rank) == ("crash", 0)
 
 
 def test_cancel_stops_processes_then_cancels(store, tmp_path):
