@@ -53,6 +53,10 @@ _RESERVED = Reason.RESERVED
 
 _UNSEEN: tuple[float, float] = (-1.0, -1.0)
 
+#: a partition where a job waits, why, and the end time before which it must still be
+#: tried there (it would end before the head needs the room); -inf: never
+_Wait = tuple["PartitionCycle", Reason, float]
+
 
 def _release_order(r: tuple[float, float, tuple[Alloc, ...]]) -> tuple[float, float]:
     return (r[0], r[1])
@@ -221,6 +225,8 @@ class _Cycle:
         self._default_quota = policy.default_quota
         #: tenant -> (GPUs, slots) it may still take, None if unlimited; filled on first use
         self._headroom: dict[str, tuple[float, float] | None] = {}
+        #: (route key, shape) -> where such a job is known to wait: see `_waits_as_before`
+        self._waits: dict[tuple[str, tuple[int, int, int]], tuple[_Wait, ...]] = {}
 
     # -- ordering ------------------------------------------------------------------------------
 
@@ -358,42 +364,61 @@ class _Cycle:
         use has a head, and a shape no larger than the job's already failed in each this
         cycle (alone, or beside the head's reservation), the job fails too (capacity only
         shrinks within a cycle): it waits where the least demand is ahead, relative to
-        the partition's size. False if it has to be tried."""
-        n, s, g = job.shape
+        the partition's size. False if it has to be tried.
+
+        What is found for a (route, shape) holds for the rest of the cycle (heads and
+        their reservations stay, failed shapes keep failing) until a search fails
+        anew (`_find`), which may turn "reserved" into "does not fit"; until then the
+        next job of that route and shape costs one lookup."""
+        key = (job.route_key, job.shape)
+        waits = self._waits.get(key)
+        if waits is None:
+            waits = self._where_it_fails(route, job.shape)
+            if waits is None:
+                return False
+            self._waits[key] = waits
         est = job.est_duration_s
         end = _INF if est is None else self.now + est
-        chosen: PartitionCycle | None = None
-        chosen_reason = _NO_FIT
-        least = _INF
-        for st in route:
-            if st.head is None:
-                return False
-            for fn, fs, fg in st.part.failed_plain:
-                if fn <= n and fs <= s and fg <= g:
-                    reason = _NO_FIT
-                    break
-            else:
-                if st.res_start is not None and end <= st.res_start:
-                    return False  # it would end before the head needs the room: try it
-                for fn, fs, fg in st.part.failed_capped:
-                    if fn <= n and fs <= s and fg <= g:
-                        reason = _RESERVED
-                        break
-                else:
+        chosen, chosen_reason, before = waits[0]
+        if end <= before:
+            return False  # it would end before the head needs the room: try it
+        if len(waits) > 1:
+            least = chosen.demand_ahead / chosen.size
+            for st, reason, before in islice(waits, 1, None):
+                if end <= before:
                     return False
-            if chosen is None:
-                chosen, chosen_reason = st, reason
-                if len(route) > 1:
-                    least = st.demand_ahead / st.size
-                continue
-            load = st.demand_ahead / st.size
-            if load < least or (load == least and st.part.label < chosen.part.label):
-                chosen, chosen_reason, least = st, reason, load
-        assert chosen is not None  # a route is never empty
+                load = st.demand_ahead / st.size
+                if load < least or (load == least and st.part.label < chosen.part.label):
+                    chosen, chosen_reason, least = st, reason, load
         chosen.waiting.append(job)  # as _block does, without one more call per job
         chosen.reasons.append(chosen_reason)
         chosen.demand_ahead += job.num_gpus if chosen.part.has_gpus else job.num_slots
         return True
+
+    def _where_it_fails(
+        self, route: list[PartitionCycle], shape: tuple[int, int, int]
+    ) -> tuple[_Wait, ...] | None:
+        """Per partition of the route, why a job of `shape` waits there and the end
+        time before which it must still be tried (-inf: never); None if it may fit in
+        one of them."""
+        n, s, g = shape
+        found = []
+        for st in route:
+            if st.head is None:
+                return None
+            for fn, fs, fg in st.part.failed_plain:
+                if fn <= n and fs <= s and fg <= g:
+                    found.append((st, _NO_FIT, -_INF))
+                    break
+            else:
+                for fn, fs, fg in st.part.failed_capped:
+                    if fn <= n and fs <= s and fg <= g:
+                        before = -_INF if st.res_start is None else st.res_start
+                        found.append((st, _RESERVED, before))
+                        break
+                else:
+                    return None
+        return tuple(found)
 
     def _route_order(self, st: PartitionCycle) -> tuple[float, str]:
         """Where a job that may go to several pools is tried first: least demand queued
@@ -439,7 +464,7 @@ class _Cycle:
     def _find(
         self, st: PartitionCycle, job: JobRequest, cap: dict[int, list[int]] | None = None
     ) -> list[int] | None:
-        return self.cap.find(
+        found = self.cap.find(
             st.part,
             job.nodes,
             job.slots_per_node,
@@ -448,6 +473,9 @@ class _Cycle:
             locality_label=self._locality,
             strict_locality=self._strict,
         )
+        if found is None and self._waits:
+            self._waits.clear()  # a shape may have failed anew: see `_waits_as_before`
+        return found
 
     def _try_start(self, st: PartitionCycle, job: JobRequest) -> tuple[list[int] | None, Reason]:
         if st.head is None:
@@ -517,7 +545,7 @@ class _Cycle:
                     p,
                     job,
                     [allocs for _, allocs in terminating],
-                    self.book.victims_on,
+                    self.book.clearing_set,
                     rank,
                     self.now,
                 )

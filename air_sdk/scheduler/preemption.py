@@ -56,6 +56,12 @@ class PreemptionPlan:
 Table = dict[int, list[int]]
 #: a victim with the slots and GPUs it holds on one node
 OnNode = tuple[VictimCandidate, int, int]
+#: a node's clearing set, priced: (victims, their highest rank, how many, the sum of
+#: their start times, whether one of them holds other nodes too)
+Clearing = tuple[tuple[VictimCandidate, ...], int, int, float, bool]
+#: clearing(node, max_rank, free slots, free GPUs, slots, GPUs) -> the node's Clearing
+#: for a rank that needs (slots, GPUs), or None; see `clearing_set`
+ClearingOf = Callable[[int, int, int, int, int, int], "Clearing | None"]
 
 
 def victim_order(v: VictimCandidate) -> tuple[int, float, str]:
@@ -68,13 +74,14 @@ def choose_victims(
     part: Partition,
     job: JobRequest,
     terminating: Sequence[Sequence[Alloc]],
-    victims_on: Callable[[int], Sequence[OnNode]],
+    clearing: ClearingOf,
     job_rank: int,
     now: float,
 ) -> PreemptionPlan | None:
     """The preemption plan for `job` in `part`, or None if no set of strictly
-    lower-priority jobs makes it fit. `victims_on(node)` lists the preemptible jobs
-    holding a part of `node`, in `victim_order`, with what they hold there."""
+    lower-priority jobs makes it fit. `clearing` gives a node's clearing set: the
+    `clearing_set` of the preemptible jobs holding a part of it, in `victim_order`
+    (`ClusterBook.clearing_set` remembers them between cycles)."""
     n, s, g = job.nodes, job.slots_per_node, job.gpus_per_node
     eligible = part.big_enough(s, g)
     if len(eligible) < n:
@@ -92,7 +99,7 @@ def choose_victims(
         return _plan([], ready, base, cap, n, s, g, now)
     eligible_set = set(eligible)
     for max_rank in range(job_rank):
-        chosen = _greedy(victims_on, max_rank, eligible_set, ready, base, cap, n, s, g, now)
+        chosen = _greedy(clearing, max_rank, eligible_set, ready, base, cap, n, s, g, now)
         if chosen is None:
             continue
         chosen = _prune(chosen, eligible_set, base, cap, n, s, g)
@@ -109,16 +116,20 @@ def _free(cap: Capacity, table: Table, i: int) -> list[int]:
     return f
 
 
-def _fits(cap: Capacity, table: Table, i: int, s: int, g: int) -> bool:
-    f = table.get(i)
-    if f is None:
-        return cap.free_slots[i] >= s and cap.free_mask[i].bit_count() >= g
-    return f[0] >= s and f[1] >= g
-
-
-def _ready(eligible: Sequence[int], table: Table, cap: Capacity, s: int, g: int) -> set[int]:
+def _ready(
+    eligible: Sequence[int] | set[int], table: Table, cap: Capacity, s: int, g: int
+) -> set[int]:
     """The eligible nodes with room for one rank of the gang."""
-    return {i for i in eligible if _fits(cap, table, i, s, g)}
+    free_slots, free_mask = cap.free_slots, cap.free_mask
+    ready = {i for i in eligible if free_slots[i] >= s and free_mask[i].bit_count() >= g}
+    if table:  # rows of `table` replace `cap`'s
+        for i, (fs, fg) in table.items():
+            if fs >= s and fg >= g:
+                ready.add(i)
+            else:
+                ready.discard(i)
+        ready.intersection_update(eligible)
+    return ready
 
 
 def _ok(f: list[int], s: int, g: int) -> bool:
@@ -135,11 +146,35 @@ def _apply(victims: Sequence[VictimCandidate], base: Table, cap: Capacity) -> Ta
     return table
 
 
-def _clearing_set(
+def clearing_set(
     entries: Sequence[OnNode], max_rank: int, fs: int, fg: int, s: int, g: int
-) -> list[VictimCandidate] | None:
-    """The victims that free `node` for the gang: in victim order until it fits, then
-    without those it does not need (the most valuable, oldest, dropped first)."""
+) -> Clearing | None:
+    """The victims (of rank at most `max_rank`) that free a node with `fs` slots and
+    `fg` GPUs free for a rank of (`s`, `g`), from `entries`, the jobs on the node in
+    victim order: in that order until it fits, then without those it does not need
+    (the most valuable, oldest, dropped first). None if they cannot.
+
+    Example:
+        >>> a = VictimCandidate("a", 0, 5.0, ((0, 4, 4),))
+        >>> b = VictimCandidate("b", 0, 1.0, ((0, 4, 4), (1, 8, 8)))
+        >>> clearing_set([(a, 4, 4), (b, 4, 4)], 0, 0, 0, 4, 4)
+        ((VictimCandidate(job_id='a', rank=0, started_at=5.0, allocs=((0, 4, 4),)),), 0, 1, 5.0, False)
+    """
+    victims = _clearing_victims(entries, max_rank, fs, fg, s, g)
+    if victims is None:
+        return None
+    return (
+        victims,
+        max(v.rank for v in victims),
+        len(victims),
+        sum(v.started_at for v in victims),
+        any(len(v.allocs) > 1 for v in victims),
+    )
+
+
+def _clearing_victims(
+    entries: Sequence[OnNode], max_rank: int, fs: int, fg: int, s: int, g: int
+) -> tuple[VictimCandidate, ...] | None:
     taken: list[OnNode] = []
     for entry in entries:
         if entry[0].rank > max_rank:
@@ -157,11 +192,11 @@ def _clearing_set(
                 taken.remove(entry)
                 fs -= entry[1]
                 fg -= entry[2]
-    return [e[0] for e in taken]
+    return tuple(e[0] for e in taken)
 
 
 def _greedy(
-    victims_on: Callable[[int], Sequence[OnNode]],
+    clearing: ClearingOf,
     max_rank: int,
     eligible: set[int],
     ready0: set[int],
@@ -175,29 +210,24 @@ def _greedy(
     """One pass: price every node's clearing set (per node it clears, a victim holding
     several nodes of the gang clears them all), take the cheapest until enough nodes
     are free."""
-    priced: list[tuple[tuple[int, float, float, int], list[VictimCandidate]]] = []
+    priced: list[tuple[tuple[int, float, float, int], tuple[VictimCandidate, ...]]] = []
+    free_slots, free_mask = cap.free_slots, cap.free_mask
     for i in eligible:
         if i in ready0:
             continue
         f = base.get(i)
-        fs, fg = (f[0], f[1]) if f is not None else (cap.free_slots[i], cap.free_gpus(i))
-        victims = _clearing_set(victims_on(i), max_rank, fs, fg, s, g)
-        if victims is None:
+        if f is None:
+            c = clearing(i, max_rank, free_slots[i], free_mask[i].bit_count(), s, g)
+        else:
+            c = clearing(i, max_rank, f[0], f[1], s, g)
+        if c is None:
             continue
+        victims, top, k, started, spans = c
         gain = 1  # the node itself; a victim on several nodes may clear more of the gang
-        if n > 1 and any(len(v.allocs) > 1 for v in victims):
-            gain = _gain(victims, ready0, eligible, base, cap, s, g)
-        priced.append(
-            (
-                (
-                    max(v.rank for v in victims),
-                    len(victims) / max(1, gain),
-                    sum(now - v.started_at for v in victims),
-                    i,
-                ),
-                victims,
-            )
-        )
+        if n > 1 and spans:
+            gain = max(1, _gain(victims, ready0, eligible, base, cap, s, g))
+        # the work lost, sum(now - start), is k * now - sum(start)
+        priced.append(((top, k / gain, k * now - started, i), victims))
     if len(priced) + len(ready0) < n:
         return None
     priced.sort(key=lambda e: e[0])
@@ -223,7 +253,7 @@ def _greedy(
 
 
 def _gain(
-    added: list[VictimCandidate],
+    added: Sequence[VictimCandidate],
     ready: set[int],
     eligible: set[int],
     table: Table,
@@ -270,7 +300,7 @@ def _prune(
                     f = freed[j] = list(base.get(j) or (cap.free_slots[j], cap.free_gpus(j)))
                 f[0] += rs
                 f[1] += rg
-    ready = sum(1 for i in eligible if i not in freed and _fits(cap, base, i, s, g))
+    ready = len(_ready(eligible, base, cap, s, g).difference(freed))
     ready += sum(1 for f in freed.values() if _ok(f, s, g))
     spared: set[str] = set()
     for v in sorted(chosen, key=lambda v: (-v.rank, v.started_at, v.job_id)):

@@ -21,7 +21,13 @@ from itertools import compress, count
 
 from air_sdk.scheduler.capacity import Alloc, Capacity
 from air_sdk.scheduler.gang import PRIORITY_RANK, NodeSpec
-from air_sdk.scheduler.preemption import OnNode, VictimCandidate, victim_order
+from air_sdk.scheduler.preemption import (
+    Clearing,
+    OnNode,
+    VictimCandidate,
+    clearing_set,
+    victim_order,
+)
 from air_sdk.schema import Placement
 
 _INF = math.inf
@@ -107,6 +113,8 @@ class ClusterBook:
         self.node_victims: list[dict[str, OnNode]] = []
         #: per node: node_victims in victim order, made when first asked for
         self._node_order: list[list[OnNode] | None] = []
+        #: per node: its clearing sets asked for since its jobs last changed
+        self._clearing: list[dict[tuple[int, int, int, int, int], Clearing | None] | None] = []
         self.used_gpus: dict[str, int] = {}
         self.used_slots: dict[str, int] = {}
         #: the running jobs of the last sync, as passed
@@ -157,6 +165,7 @@ class ClusterBook:
         self.parts = [_PartitionJobs() for _ in self.capacity.partitions]
         self.node_victims = [{} for _ in self.capacity.names]
         self._node_order = [None] * len(self.capacity.names)
+        self._clearing = [None] * len(self.capacity.names)
         self.used_gpus = {}
         self.used_slots = {}
         for r in running:
@@ -182,6 +191,7 @@ class ClusterBook:
             for i, rs, rg in allocs:
                 self.node_victims[i][r.job_id] = (victim, rs, rg)
                 self._node_order[i] = None
+                self._clearing[i] = None
         t = r.tenant
         self.used_gpus[t] = self.used_gpus.get(t, 0) + r.num_gpus
         self.used_slots[t] = self.used_slots.get(t, 0) + r.num_slots
@@ -200,6 +210,7 @@ class ClusterBook:
             for i, _, _ in h.allocs:
                 self.node_victims[i].pop(job_id, None)
                 self._node_order[i] = None
+                self._clearing[i] = None
         t = r.tenant
         self.used_gpus[t] -= r.num_gpus
         self.used_slots[t] -= r.num_slots
@@ -230,6 +241,21 @@ class ClusterBook:
                 self.node_victims[node].values(), key=lambda e: victim_order(e[0])
             )
         return order
+
+    def clearing_set(
+        self, node: int, max_rank: int, fs: int, fg: int, s: int, g: int
+    ) -> Clearing | None:
+        """`preemption.clearing_set` of `node`'s victims, remembered until a job on the
+        node changes: a blocked high-priority gang is priced on every node of every
+        pool it may use, cycle after cycle, while few of those nodes change."""
+        memo = self._clearing[node]
+        if memo is None:
+            memo = self._clearing[node] = {}
+        key = (max_rank, fs, fg, s, g)
+        if key in memo:
+            return memo[key]
+        found = memo[key] = clearing_set(self.victims_on(node), max_rank, fs, fg, s, g)
+        return found
 
     def terminating(self, part: int) -> list[tuple[str, tuple[Alloc, ...]]]:
         pj = self.parts[part]
