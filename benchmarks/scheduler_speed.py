@@ -13,7 +13,9 @@ pool "any" and a tenth by accelerator only:
   each cycle; p50/p99/max cycle time.
 
 Busy runs start from a cluster filled by the FIFO baseline and one untimed cycle
-(in which `SchedulerState` builds its book of the running jobs).
+(in which `SchedulerState` builds its book of the running jobs). Preemptions are
+carried out as the runner does: a victim is stopping (`terminating`) during the next
+cycle and back in the queue after it.
 
 The same cycles through `schedule_fifo` (plain FIFO gang) are timed for reference.
 Goals: >= 500 placements/s (Slurm quotes ~500 jobs/s; kube-scheduler 100-300 pods/s)
@@ -25,6 +27,7 @@ and p99 < 10 ms with 1,000 queued. Nothing here asserts a timing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import random
@@ -178,6 +181,23 @@ def cycles(
                 est_end=None if r.est_duration_s is None else now + r.est_duration_s,
             )
 
+    #: victims of the last cycle's preemptions: stopping (terminating) during this one
+    stopping: list[str] = []
+
+    def preempt(decision: Decision | None) -> None:
+        """As the runner does: a victim is marked terminating for the next cycle (SIGTERM,
+        a grace period to checkpoint) and is back in the queue, exited, the cycle after."""
+        for job_id in stopping:
+            if job_id in running:
+                del running[job_id]
+                queue[job_id] = by_id[job_id]
+        stopping.clear()
+        for pre in decision.preemptions if decision is not None else ():
+            r = running.get(pre.victim_job_id)
+            if r is not None and not r.terminating:
+                running[pre.victim_job_id] = dataclasses.replace(r, terminating=True)
+                stopping.append(pre.victim_job_id)
+
     refill()
     if prefill:  # a busy cluster: fill it with the FIFO baseline, untimed
         while True:
@@ -194,7 +214,9 @@ def cycles(
     placed: list[int] = []
     if prefill:  # one untimed cycle: SchedulerState builds its book of the running jobs
         now += 60.0
-        start(schedule(list(queue.values()), inventory, running, now, pol)[0])
+        placements, decision = schedule(list(queue.values()), inventory, running, now, pol)
+        start(placements)
+        preempt(decision)
         refill()
     gc.collect()
     for _ in range(num_cycles):
@@ -215,6 +237,7 @@ def cycles(
             worded.append(times[-1] + time.perf_counter() - tic)
         placed.append(len(placements))
         start(placements)
+        preempt(decision)
         refill()
     total_t = sum(times)
     used = sum(r.num_gpus for r in running.values())

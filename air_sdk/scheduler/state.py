@@ -17,7 +17,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import compress, count
+from itertools import compress, count, islice
 
 from air_sdk.scheduler.capacity import Alloc, Capacity
 from air_sdk.scheduler.gang import PRIORITY_RANK, NodeSpec
@@ -115,6 +115,8 @@ class ClusterBook:
         self._node_order: list[list[OnNode] | None] = []
         #: per node: its clearing sets asked for since its jobs last changed
         self._clearing: list[dict[tuple[int, int, int, int, int], Clearing | None] | None] = []
+        #: per node: [slots, GPUs] its preemptible jobs hold, per priority rank
+        self._victim_hold: list[list[list[int]]] = []
         self.used_gpus: dict[str, int] = {}
         self.used_slots: dict[str, int] = {}
         #: the running jobs of the last sync, as passed
@@ -166,6 +168,7 @@ class ClusterBook:
         self.node_victims = [{} for _ in self.capacity.names]
         self._node_order = [None] * len(self.capacity.names)
         self._clearing = [None] * len(self.capacity.names)
+        self._victim_hold = [[[0, 0] for _ in PRIORITY_RANK] for _ in self.capacity.names]
         self.used_gpus = {}
         self.used_slots = {}
         for r in running:
@@ -192,6 +195,9 @@ class ClusterBook:
                 self.node_victims[i][r.job_id] = (victim, rs, rg)
                 self._node_order[i] = None
                 self._clearing[i] = None
+                hold = self._victim_hold[i][victim.rank]
+                hold[0] += rs
+                hold[1] += rg
         t = r.tenant
         self.used_gpus[t] = self.used_gpus.get(t, 0) + r.num_gpus
         self.used_slots[t] = self.used_slots.get(t, 0) + r.num_slots
@@ -207,10 +213,13 @@ class ClusterBook:
         r = h.job
         self.capacity.give_back(r.placement)
         if h.victim is not None:
-            for i, _, _ in h.allocs:
+            for i, rs, rg in h.allocs:
                 self.node_victims[i].pop(job_id, None)
                 self._node_order[i] = None
                 self._clearing[i] = None
+                hold = self._victim_hold[i][h.victim.rank]
+                hold[0] -= rs
+                hold[1] -= rg
         t = r.tenant
         self.used_gpus[t] -= r.num_gpus
         self.used_slots[t] -= r.num_slots
@@ -254,6 +263,15 @@ class ClusterBook:
         key = (max_rank, fs, fg, s, g)
         if key in memo:
             return memo[key]
+        # all its jobs of rank <= max_rank together may not free enough: then there is
+        # no clearing set, and no need to sort them
+        for hs, hg in islice(self._victim_hold[node], max_rank + 1):
+            fs += hs
+            fg += hg
+        if fs < s or fg < g:
+            memo[key] = None
+            return None
+        fs, fg = key[1], key[2]
         found = memo[key] = clearing_set(self.victims_on(node), max_rank, fs, fg, s, g)
         return found
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sched_helpers import gpu_nodes, job, running
 
-from air_sdk.scheduler import SchedulerPolicy, decide
+from air_sdk.scheduler import SchedulerPolicy, SchedulerState, decide
 from air_sdk.scheduler.decide import Decision
 
 POLICY = SchedulerPolicy()
@@ -125,3 +125,27 @@ def test_no_victim_set_means_a_plain_reservation():
     # 2 nodes x 8 GPUs on a 1-node cluster can never fit: never-fit, not preemption
     d = decide([job("huge", nodes=2, priority="high")], gpu_nodes(1), busy, POLICY, now=0)
     assert d.preemptions == [] and "never fits" in d.explanations["huge"]
+
+
+def test_a_state_kept_between_cycles_prices_victims_by_the_jobs_running_now():
+    # SchedulerState remembers each node's clearing set until the node's jobs change
+    state = SchedulerState()
+    urgent = [job("urgent", priority="high")]
+    first = [
+        running("low-0", ["n0"], priority="low", started=10),
+        running("normal-1", ["n1"], priority="normal", started=20),
+    ]
+    d = state.decide(urgent, gpu_nodes(2), first, POLICY, now=100)
+    assert victims(d) == ["low-0"]
+    # low-0 ended and a normal job took n0; a low job now runs on n1 instead
+    second = [
+        running("normal-0", ["n0"], priority="normal", started=110),
+        running("low-1", ["n1"], priority="low", started=115),
+    ]
+    d = state.decide(urgent, gpu_nodes(2), second, POLICY, now=120)
+    assert victims(d) == ["low-1"]
+    assert d.reservations["default"].nodes == ("n1",)
+    # with no low-priority job left, the youngest normal one goes
+    third = [second[0], running("normal-1b", ["n1"], priority="normal", started=125)]
+    d = state.decide(urgent, gpu_nodes(2), third, POLICY, now=130)
+    assert victims(d) == ["normal-1b"]
