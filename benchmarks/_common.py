@@ -156,6 +156,36 @@ def air_gateway(
             shutil.rmtree(home, ignore_errors=True)
 
 
+@contextmanager
+def gateway_with(env: dict[str, str], **kwargs: Any) -> Iterator[tuple[Any, Any, Path]]:
+    """`air_gateway(**kwargs)` started with `env` added to its environment (the gateway
+    reads AIR_* settings when it starts, and its ranks inherit the rest)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with air_gateway(**kwargs) as value:
+            yield value
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process a benchmark started for `marker` that is still left (found
+    by its BENCH_MARKER environment variable)."""
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("BENCH_MARKER") == marker:
+                p.kill()
+        except psutil.Error:
+            continue
+
+
 def bench_dir(prefix: str, files: Sequence[Path] = ()) -> Path:
     """A fresh directory to bundle as a job's code, holding copies of `files`."""
     root = Path(tempfile.mkdtemp(prefix=prefix))

@@ -32,19 +32,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     QUIET_ENV,
-    air_gateway,
     c10d_agent_cmd,
     fmt,
     free_port,
+    gateway_with,
     header,
+    kill_marked,
     markdown_table,
     median,
     write_result,
@@ -81,34 +81,6 @@ while step < 10_000_000:
         air.checkpoint.save(state, step=step)
     time.sleep({STEP_SLEEP_S})
 """
-
-
-@contextmanager
-def gateway_with(env: dict[str, str]) -> Iterator[tuple[Any, Any, Path]]:
-    """`air_gateway` started with `env` added to its environment (its ranks inherit it)."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        with air_gateway() as value:
-            yield value
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def kill_marked(marker: str) -> None:
-    """SIGKILL every process this benchmark started for `marker` (found by env)."""
-    import psutil
-
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get("BENCH_MARKER") == marker:
-                p.kill()
-        except psutil.Error:
-            continue
 
 
 def from_lines(lines: list[str], start: float, end: float) -> dict:

@@ -32,11 +32,11 @@ from _common import (  # noqa: E402
     fmt,
     free_port,
     header,
+    kill_marked,
     markdown_table,
     median,
     write_result,
 )
-from goodput import kill_marked  # noqa: E402
 from recovery import SCRIPT, rank_pid  # noqa: E402
 
 STOP_AT_STEP = 20

@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,9 @@ from _common import (  # noqa: E402
     c10d_agent_cmd,
     fmt,
     free_port,
+    gateway_with,
     header,
+    kill_marked,
     markdown_table,
     median,
     write_result,
@@ -108,20 +109,10 @@ def timeline(lines: list[str], t_kill: float) -> dict[str, float]:
     return out
 
 
-@contextlib.contextmanager
-def air_gateway_cold(**kwargs: Any) -> Iterator[tuple[Any, Any, Path]]:
+def air_gateway_cold(**kwargs: Any) -> contextlib.AbstractContextManager[tuple[Any, Any, Path]]:
     """`air_gateway` with the warm agent pool off (AIR_WARM_AGENTS=0): AIR as it was
-    before warm agents. The gateway reads the variable when it starts (peers ignore it)."""
-    old = os.environ.get("AIR_WARM_AGENTS")
-    os.environ["AIR_WARM_AGENTS"] = "0"
-    try:
-        with air_gateway(**kwargs) as value:
-            yield value
-    finally:
-        if old is None:
-            os.environ.pop("AIR_WARM_AGENTS", None)
-        else:
-            os.environ["AIR_WARM_AGENTS"] = old
+    before warm agents."""
+    return gateway_with({"AIR_WARM_AGENTS": "0"}, **kwargs)
 
 
 def warm_idle(gateway_pid: int | None) -> set[int]:
@@ -166,18 +157,6 @@ def warm_used(ready_before: set[int], gateway_pid: int | None) -> int:
     """How many of the warm agents that were ready before the kill were taken since
     (a taken one turns into the attempt's agent and is gone once the job ended)."""
     return len(ready_before - warm_idle(gateway_pid))
-
-
-def kill_marked(marker: str) -> None:
-    """SIGKILL whatever this benchmark started for `marker` and is still left (by env)."""
-    import psutil
-
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get("BENCH_MARKER") == marker:
-                p.kill()
-        except psutil.Error:
-            continue
 
 
 def rank_pid(marker: str, rank: int) -> int | None:
