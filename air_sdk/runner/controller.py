@@ -46,10 +46,10 @@ FAILURE_SAVE_WAIT_S = 30.0
 FAILURE_SAVE_NOTICE_S = 2.0
 
 
-def _marked(directory: Path, prefix: str) -> set[int]:
-    """The ranks R with a file `<prefix>R` in `directory`."""
+def _marked(names: set[str], prefix: str) -> set[int]:
+    """The ranks R with a file `<prefix>R` among `names`."""
     n = len(prefix)
-    return {int(m.name[n:]) for m in directory.glob(prefix + "*") if m.name[n:].isdigit()}
+    return {int(m[n:]) for m in names if m.startswith(prefix) and m[n:].isdigit()}
 
 
 #: rank deaths that point at the machine rather than the code
@@ -442,14 +442,15 @@ class JobController:
         collective fails) and exit, start saving (`failure-saves/rank-R`) or say it is
         past that (`failure-saves/done-rank-R`); saves get FAILURE_SAVE_WAIT_S in all.
         Without an armed rank nothing waits."""
-        markers = self.paths.attempt(self.attempt) / "failure-saves"
-        if not any(markers.glob("armed-rank-*")):
+        handle = self.handle
+        if not _marked(self.backend.failure_marks(handle), "armed-rank-"):
             return
         start = time.monotonic()
         world = self.spec.resources.world_size
         while time.monotonic() - start < FAILURE_SAVE_WAIT_S:
-            decided = set(self._rank_exits()) | _marked(markers, "done-rank-")
-            saving = _marked(markers, "rank-") - decided
+            marks = self.backend.failure_marks(handle)
+            decided = set(self._rank_exits()) | _marked(marks, "done-rank-")
+            saving = _marked(marks, "rank-") - decided
             undecided = world - len(decided) - len(saving)
             if not saving and (undecided <= 0 or time.monotonic() - start >= FAILURE_SAVE_NOTICE_S):
                 return

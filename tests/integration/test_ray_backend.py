@@ -47,28 +47,33 @@ FAST_HEALTH_CHECKS = {
 WORKER_NODE = {"num_cpus": 1, "resources": {"air_test_node": 1}}
 
 TRAIN = """
-import sys, time
+import os, signal, sys, time
 import torch
 import torch.nn.functional as F
 import air_sdk.runtime as air
 
 total, every = int(sys.argv[1]), int(sys.argv[2])
+die_at = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # rank 1 dies as it starts this step
 ctx = air.init(timeout_s=60)
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
 optim = torch.optim.SGD(model.parameters(), lr=0.05)
 state = {"model": model, "optim": optim}
 step = air.checkpoint.load(state) or 0
+fresh = step == 0
 print(f"attempt {ctx.attempt} on {ctx.node_name} resumes after step {step}", flush=True)
 while step < total:
     step += 1
+    if fresh and ctx.rank == 1 and step == die_at:
+        os.kill(os.getpid(), signal.SIGKILL)
     x = torch.randn(16, 8)
     loss = F.mse_loss(model(x), x)
     optim.zero_grad(); loss.backward(); optim.step()
     air.log(step=step, loss=loss.item())
     if every and step % every == 0:
         air.checkpoint.save(state, step=step)
-    time.sleep(0.1)
+    # rank 0 is still asleep when rank 1 dies: the runner sees the death first
+    time.sleep(1.5 if fresh and ctx.rank == 0 and step == die_at - 1 else 0.1)
 air.checkpoint.wait()
 del model
 air.shutdown()
@@ -154,12 +159,13 @@ def src(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def submit(world: RayWorld, src: Path, *, total: int = 30, every: int = 5, **spec: Any) -> Any:
+def submit(
+    world: RayWorld, src: Path, *, total: int = 30, every: int = 5, die_at: int = 0, **spec: Any
+) -> Any:
     spec.setdefault("failure", {"backoff_base_s": 0.2, "backoff_max_s": 0.5})
     spec.setdefault("resources", Resources(nodes=2))
-    return world.client.submit(
-        JobSpec(entrypoint="train.py", args=[str(total), str(every)], **spec), workdir=src
-    )
+    args = [str(total), str(every), str(die_at)]
+    return world.client.submit(JobSpec(entrypoint="train.py", args=args, **spec), workdir=src)
 
 
 def at_step(job: Any, step: int, timeout: float = 120) -> None:
@@ -230,6 +236,21 @@ def test_a_killed_rank_resumes_from_the_newest_checkpoint(world, src):
     assert first.failure.kind == "crash" and first.failure.rank == 1
     assert first.failure.signal == "SIGKILL"
     assert second.resumed_from_step is not None and second.resumed_from_step >= newest >= 20
+    wait_for(lambda: nothing_left(world, job.id), 30, "actors and placement group gone")
+
+
+def test_a_survivor_checkpoints_the_step_a_peer_died_in(world, src):
+    """As on the local backend: rank 1 dies as step 27 starts while rank 0 still sleeps
+    after step 26. Rank 0's marks are on its Ray node; the runner reads them through the
+    node's actor and waits for rank 0's save of step 26 before it stops the attempt."""
+    job = submit(world, src, total=36, every=10, die_at=27, max_restarts=1)
+    record = job.wait(timeout=300)
+    assert record.state is JobState.SUCCEEDED, record.state_reason
+    first, second = job.attempts()[:2]
+    assert first.failure.kind == "crash" and first.failure.rank == 1
+    assert second.resumed_from_step == 26  # not 20, the last periodic checkpoint
+    found = job.checkpoints().commits
+    assert [(c.attempt, c.step) for c in found if c.at_failure] == [(1, 26)]
     wait_for(lambda: nothing_left(world, job.id), 30, "actors and placement group gone")
 
 

@@ -78,6 +78,12 @@ class Backend(Protocol):
         attempt is left."""
         ...
 
+    def failure_marks(self, handle: AttemptHandle) -> set[str]:
+        """The names of the files ranks left under `$AIR_ATTEMPT_DIR/failure-saves/` on
+        every node (`armed-rank-R`, `rank-R`, `done-rank-R`: see
+        `air_sdk.runtime._failure_save`); never blocks for long."""
+        ...
+
     def rank_stacks(self, handle: AttemptHandle) -> dict[int, str]:
         """Every live rank's Python stack, by rank (for hang reports)."""
         ...

@@ -46,6 +46,7 @@ from air_sdk.errors import ConfigError
 from air_sdk.runner.backends._warm import WarmAgentPool
 from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
+from air_sdk.runtime._failure_save import MARKER_DIR
 from air_sdk.scheduler import NodeSpec
 
 log = logging.getLogger(__name__)
@@ -280,6 +281,10 @@ class LocalBackend:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 stacks[rank] = f"no stack: py-spy failed ({exc})"
         return stacks
+
+    def failure_marks(self, handle: LocalAttempt) -> set[str]:
+        # every virtual node is this machine: the ranks share the attempt's directory
+        return {p.name for p in (handle.attempt_dir / MARKER_DIR).glob("*")}
 
     def poll(self, handle: LocalAttempt) -> list[NodeStatus]:
         statuses = []

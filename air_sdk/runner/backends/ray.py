@@ -59,6 +59,8 @@ INVENTORY_TTL_S = 1.0
 DEFAULT_LOST_NODE_GRACE_S = 300.0
 #: a lost node's exit code in NodeStatus (a launcher killed by SIGKILL, as locally)
 LOST_EXIT_CODE = -9
+#: how long `failure_marks` waits for the nodes' answers (the runner asks every 20 ms)
+MARKS_TIMEOUT_S = 1.0
 #: bounded waits on calls to actors (a dead node must not hang the runner)
 CALL_TIMEOUT_S = 10.0
 #: concurrent calls per node actor: watch blocks, stop/log_tail/stacks must not wait for it
@@ -562,6 +564,21 @@ class RayBackend:
         )
 
     # -- diagnostics -----------------------------------------------------------------------
+
+    def failure_marks(self, handle: RayAttempt) -> set[str]:
+        """Each live node's failure-save marks (its ranks write them on that node)."""
+        import ray
+
+        live = [n for n in handle.nodes if n.actor is not None and not n.dead]
+        refs = [n.actor.failure_marks.remote() for n in live]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=MARKS_TIMEOUT_S)
+        marks: set[str] = set()
+        for ref in ready:
+            try:
+                marks.update(ray.get(ref, timeout=0))
+            except Exception:
+                continue  # a node that died has nothing to wait for
+        return marks
 
     def rank_stacks(self, handle: RayAttempt) -> dict[int, str]:
         import ray

@@ -220,6 +220,12 @@ class RayNodeAgent:
         """Every live rank's Python stack on this node, by global rank (py-spy)."""
         return self._run.stacks()
 
+    def failure_marks(self) -> list[str]:
+        """The files this node's ranks left under `$AIR_ATTEMPT_DIR/failure-saves/`."""
+        from air_sdk.runtime._failure_save import MARKER_DIR  # importable after `prepare`
+
+        return sorted(p.name for p in (self._run.attempt_dir / MARKER_DIR).glob("*"))
+
     def close(self) -> None:
         """Stop what still runs and remove the node-local code and logs."""
         self._run.stop(0.5)
@@ -232,6 +238,8 @@ class _AttemptRun:
     def __init__(self, cmd: RankCommand, log_path: Path) -> None:
         self.cmd = cmd
         self.log_path = log_path
+        #: the ranks' $AIR_ATTEMPT_DIR on this node (exit records, failure-save marks)
+        self.attempt_dir = log_path.with_suffix("")
         self._supervisors: dict[int, subprocess.Popen[bytes]] = {}  # local rank -> process
         self._exits: dict[int, tuple[float, int]] = {}  # local rank -> (time, code)
         self._changed = threading.Condition()
@@ -361,6 +369,8 @@ class _AttemptRun:
         if not cmd.uses_gpus:
             base["CUDA_VISIBLE_DEVICES"] = ""
         argv = [sys.executable, "-m", "air_sdk.runtime.supervise", cmd.entrypoint, *cmd.args]
+        self.attempt_dir.mkdir(parents=True, exist_ok=True)
+        base["AIR_ATTEMPT_DIR"] = str(self.attempt_dir)
         with open(self.log_path, "ab") as log, self._changed:
             if self._stopping:
                 return

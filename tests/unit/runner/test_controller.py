@@ -30,6 +30,9 @@ class FakeAttempt:
     #: nodes whose machine is gone, which the backend learns only while stopping
     lost_by_teardown: set[str] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)
+    #: failure-save marks the ranks left, as the backend reports them, one set per call
+    #: (the last repeats)
+    marks: list[set[str]] = field(default_factory=list)
 
 
 @dataclass
@@ -64,6 +67,11 @@ class FakeBackend:
 
     def rank_stacks(self, handle):
         return {0: "Thread 1 (idle)\n    all_reduce (train.py:12)"}
+
+    def failure_marks(self, handle):
+        if handle.terminated or not handle.marks:
+            return set()
+        return handle.marks.pop(0) if len(handle.marks) > 1 else handle.marks[0]
 
 
 @pytest.fixture
@@ -174,6 +182,20 @@ def test_a_machine_that_left_is_the_cause_even_when_its_peers_crash_first(store,
     failure = store.list_attempts(ctl.job_id)[0].failure
     assert failure.kind == "lost_node" and failure.node == "n1"
     assert failure.reason.startswith("node n1 lost")
+
+
+def test_the_teardown_waits_for_a_survivor_saving_a_checkpoint_at_the_failure(store, tmp_path):
+    # the marks come from the backend: on Ray they live on each node, not on this host
+    ctl, backend = make(store, tmp_path, max_restarts=1)
+    ctl.step()
+    attempt = backend.attempts[0]
+    saving = {"armed-rank-0", "armed-rank-1", "rank-0"}
+    attempt.marks = [saving] * 5 + [saving | {"done-rank-0"}]
+    rank_exit(store, ctl, 1, sig="SIGKILL", node="n1")
+    attempt.exit_codes.update(n1=1)
+    ctl.step()
+    assert attempt.terminated
+    assert attempt.marks == [saving | {"done-rank-0"}]  # asked until rank 0 was done
 
 
 def test_diagnose_names_a_machine_that_left_before_the_crashes_it_caused():

@@ -43,6 +43,9 @@ class RunsUntilStopped:
     def rank_stacks(self, handle):
         return {}
 
+    def failure_marks(self, handle):
+        return set()
+
     def node_log_tail(self, handle, node, num_lines=20):
         return []
 
