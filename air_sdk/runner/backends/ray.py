@@ -570,6 +570,8 @@ class RayBackend:
         import ray
 
         live = [n for n in handle.nodes if n.actor is not None and not n.dead]
+        if not live:
+            return set()
         refs = [n.actor.failure_marks.remote() for n in live]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=MARKS_TIMEOUT_S)
         marks: set[str] = set()
