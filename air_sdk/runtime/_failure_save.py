@@ -33,8 +33,8 @@ failing step's batch when the failure comes); the rest is saved as it is at the
 failure. The rank writes a whole, single-process DCP checkpoint into a hidden
 directory, hashes it, writes its manifest and renames the directory to `step-N`:
 the first survivor to rename wins, the others drop theirs. SIGTERM is ignored while
-it writes. Two files under `$AIR_ATTEMPT_DIR/failure-saves/` coordinate with the local
-runner, which usually sees the death first: `armed-rank-R` (this rank would save at a
+it writes. Files under `$AIR_ATTEMPT_DIR/failure-saves/` coordinate with the runner
+(on Ray it reads them through each node's actor), which usually sees the death first: `armed-rank-R` (this rank would save at a
 failure) makes it give the ranks a moment to notice the failure before stopping them,
 `rank-R` (saving now) makes it wait for the save, and `done-rank-R` (past the save,
 or decided not to save) lets it stop the rank without waiting for it to exit (see

@@ -299,10 +299,7 @@ class _Cycle:
                     room is not _UNSEEN and job.num_gpus <= room[0] and job.num_slots <= room[1]
                 ):
                     est = job.est_duration_s
-                    st = self._wait_in(waits, _INF if est is None else now + est)
-                    if st is not None:
-                        st.demand_ahead += job.num_gpus if st.part.has_gpus else job.num_slots
-                        st.waiting.append(job)
+                    if self._wait_in(waits, job, _INF if est is None else now + est):
                         continue
             consider(job)
         for st in self.states:  # each partition's line, in C rather than per job
@@ -396,31 +393,28 @@ class _Cycle:
                 return False
             self._waits[job.route_key] = waits
         est = job.est_duration_s
-        st = self._wait_in(waits, _INF if est is None else self.now + est)
-        if st is None:
-            return False
-        st.demand_ahead += job.num_gpus if st.part.has_gpus else job.num_slots
-        st.waiting.append(job)  # as _block does, without one more call per job
-        return True
+        return self._wait_in(waits, job, _INF if est is None else self.now + est)
 
     @staticmethod
-    def _wait_in(waits: tuple[_Wait, ...], end: float) -> PartitionCycle | None:
-        """Of the partitions where a job is known to wait, the one with the least demand
-        ahead relative to its size, with the job's reason there added to its line (the
-        caller adds the job); None if the job, ending at `end`, must be tried."""
+    def _wait_in(waits: tuple[_Wait, ...], job: JobRequest, end: float) -> bool:
+        """Put `job` in line where it is known to wait, in the partition with the least
+        demand ahead relative to its size (as `_block` does, without one more call per
+        job); False if the job, ending at `end`, must be tried."""
         st, reason, before = waits[0]
         if end <= before:
-            return None  # it would end before the head needs the room: try it
+            return False  # it would end before the head needs the room: try it
         if len(waits) > 1:
             least = st.demand_ahead / st.size
             for other, why, before in islice(waits, 1, None):
                 if end <= before:
-                    return None
+                    return False
                 load = other.demand_ahead / other.size
                 if load < least or (load == least and other.part.label < st.part.label):
                     st, reason, least = other, why, load
+        st.waiting.append(job)
         st.reasons.append(reason)
-        return st
+        st.demand_ahead += job.num_gpus if st.part.has_gpus else job.num_slots
+        return True
 
     def _where_it_fails(
         self, route: list[PartitionCycle], shape: tuple[int, int, int]

@@ -265,13 +265,13 @@ class ClusterBook:
             return memo[key]
         # all its jobs of rank <= max_rank together may not free enough: then there is
         # no clearing set, and no need to sort them
+        most_s, most_g = fs, fg
         for hs, hg in islice(self._victim_hold[node], max_rank + 1):
-            fs += hs
-            fg += hg
-        if fs < s or fg < g:
+            most_s += hs
+            most_g += hg
+        if most_s < s or most_g < g:
             memo[key] = None
             return None
-        fs, fg = key[1], key[2]
         found = memo[key] = clearing_set(self.victims_on(node), max_rank, fs, fg, s, g)
         return found
 
