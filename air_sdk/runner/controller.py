@@ -25,7 +25,15 @@ from air_sdk.runner.policy import (
     StragglerPolicy,
     diagnose,
 )
-from air_sdk.schema import EventType, FailureInfo, JobRecord, JobState, Placement, RankExit
+from air_sdk.schema import (
+    PARALLELISM_ENV,
+    EventType,
+    FailureInfo,
+    JobRecord,
+    JobState,
+    Placement,
+    RankExit,
+)
 from air_sdk.schema.api import FailureKind
 from air_sdk.store import SqliteStore
 
@@ -280,6 +288,10 @@ class JobController:
             "AIR_JOB_TOKEN": token,
             "AIR_CHECKPOINT_DIR": self.spec.checkpoint.dir or str(self.paths.checkpoints),
             "AIR_CHECKPOINT_KEEP": str(self.spec.checkpoint.keep),
+            # validated at submit: the resolved mesh sizes, so no rank repeats the arithmetic
+            PARALLELISM_ENV: self.spec.parallelism.resolve(
+                self.spec.resources.world_size
+            ).model_dump_json(),
         }
         request = LaunchRequest(
             job_id=self.job_id,

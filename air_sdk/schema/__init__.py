@@ -46,9 +46,12 @@ from air_sdk.schema.events import (
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.spec import (
     API_VERSION,
+    MESH_DIMS,
+    PARALLELISM_ENV,
     CheckpointSpec,
     FailurePolicySpec,
     JobSpec,
+    Parallelism,
     Resources,
 )
 from air_sdk.schema.state import TERMINAL_STATES, JobState
@@ -81,12 +84,15 @@ __all__ = [
     "LogLine",
     "LogPage",
     "MetricPoint",
+    "MESH_DIMS",
     "MetricRow",
     "MetricsPage",
     "NodeAssignment",
     "NodeHealth",
     "NodeHealthList",
     "NodeInfo",
+    "PARALLELISM_ENV",
+    "Parallelism",
     "Placement",
     "RankExit",
     "Resources",

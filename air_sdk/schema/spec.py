@@ -71,6 +71,91 @@ class Resources(_Frozen):
         return self.nodes * self.ranks_per_node
 
 
+#: Mesh dimension names, outermost first (torchtitan's order): pipeline stages, then
+#: replicated data parallel, sharded data parallel (FSDP), context parallel, tensor parallel.
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+#: The env var that carries the resolved layout to every rank (JSON of `Parallelism`).
+PARALLELISM_ENV = "AIR_PARALLELISM"
+
+
+class Parallelism(_Frozen):
+    """How a job's ranks split the model and the data: the sizes of the device mesh.
+
+    The product of the sizes equals the world size; `dp_shard=-1` takes whatever the
+    other sizes leave. The default is plain data parallelism over FSDP-free replicas:
+    `dp_shard=-1` with everything else 1 means every rank is a data-parallel rank.
+
+    Example:
+        >>> Parallelism(tp=2).resolve(8).dp_shard
+        4
+        >>> Parallelism(tp=2, pp=2).resolve(8).sizes()
+        {'pp': 2, 'dp_replicate': 1, 'dp_shard': 2, 'cp': 1, 'tp': 2}
+    """
+
+    dp_replicate: int = Field(
+        1, ge=1, le=4096, description="Replicated data parallel (HSDP's outer dim)."
+    )
+    dp_shard: int = Field(
+        -1,
+        ge=-1,
+        le=4096,
+        description="Sharded data parallel (FSDP2); -1: what the world size leaves.",
+    )
+    tp: int = Field(
+        1, ge=1, le=256, description="Tensor (and sequence) parallel; stays inside one node."
+    )
+    pp: int = Field(1, ge=1, le=256, description="Pipeline stages.")
+    cp: int = Field(1, ge=1, le=256, description="Context parallel (needs GPUs).")
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _shard_ok(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("dp_shard=0: give a size of at least 1, or -1 for what is left")
+        return v
+
+    @property
+    def is_default(self) -> bool:
+        """True when nothing but data parallelism is asked for (any world size fits)."""
+        return (self.dp_replicate, self.dp_shard, self.tp, self.pp, self.cp) == (1, -1, 1, 1, 1)
+
+    def resolve(self, world_size: int) -> Parallelism:
+        """The layout with `dp_shard=-1` replaced by what `world_size` leaves.
+
+        Raises ValueError, saying what to change, when the sizes do not multiply to
+        `world_size`.
+
+        Example:
+            >>> Parallelism(dp_shard=4).resolve(6)
+            Traceback (most recent call last):
+            ...
+            ValueError: parallelism dp_replicate=1 x dp_shard=4 x cp=1 x tp=1 x pp=1 = 4 ranks, but the job has 6 (nodes x ranks per node): change a size, or give dp_shard=-1 to use what is left
+        """
+        fixed = self.dp_replicate * self.tp * self.pp * self.cp
+        shard = self.dp_shard
+        if shard == -1:
+            if world_size % fixed:
+                raise ValueError(
+                    f"parallelism dp_replicate={self.dp_replicate} x cp={self.cp} x tp={self.tp}"
+                    f" x pp={self.pp} = {fixed} does not divide the job's {world_size} ranks"
+                    " (nodes x ranks per node): change a size or the number of ranks"
+                )
+            shard = world_size // fixed
+        if fixed * shard != world_size:
+            raise ValueError(
+                f"parallelism dp_replicate={self.dp_replicate} x dp_shard={shard} x cp={self.cp}"
+                f" x tp={self.tp} x pp={self.pp} = {fixed * shard} ranks, but the job has"
+                f" {world_size} (nodes x ranks per node): change a size, or give dp_shard=-1"
+                " to use what is left"
+            )
+        return self.model_copy(update={"dp_shard": shard})
+
+    def sizes(self) -> dict[str, int]:
+        """{dim: size} in mesh order (`MESH_DIMS`), as `init_device_mesh` takes them."""
+        return {d: getattr(self, d) for d in MESH_DIMS}
+
+
 class CheckpointSpec(_Frozen):
     """Where and how often the job checkpoints (used by `air_sdk.runtime.checkpoint`)."""
 
@@ -156,6 +241,10 @@ class JobSpec(_Frozen):
     startup_timeout_s: float = Field(
         300, gt=0, description="Launch to first sign of life of every node before failing."
     )
+    parallelism: Parallelism = Field(
+        default_factory=Parallelism,
+        description="Mesh sizes (FSDP, TP, PP, CP); the ranks read them from AIR_PARALLELISM.",
+    )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
@@ -223,6 +312,27 @@ class JobSpec(_Frozen):
         if v is not None and not _SHA256.match(v):
             raise ValueError("bundle_sha256 must be 64 lowercase hex digits")
         return v
+
+    @model_validator(mode="after")
+    def _layout_fits(self) -> JobSpec:
+        layout = self.parallelism
+        if layout.is_default:
+            return self
+        res = self.resources
+        layout.resolve(res.world_size)  # raises with the arithmetic
+        per_node = res.ranks_per_node
+        if layout.tp > per_node or per_node % layout.tp:
+            raise ValueError(
+                f"tp={layout.tp} must stay inside one node: it has to divide the"
+                f" {per_node} ranks per node (tensor parallel talks every layer; across"
+                " nodes it is too slow): lower tp or raise procs_per_node/gpus_per_node"
+            )
+        if layout.cp > 1 and not res.gpus_per_node:
+            raise ValueError(
+                f"cp={layout.cp} needs GPUs: context parallelism runs ring attention on CUDA"
+                " SDPA kernels; set gpus_per_node, or use cp=1 on CPU"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_program(self) -> JobSpec:

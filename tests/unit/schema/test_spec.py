@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from air_sdk.schema import Event, JobSnapshot, JobSpec, JobState, Resources
+from air_sdk.schema import Event, JobSnapshot, JobSpec, JobState, Parallelism, Resources
 from air_sdk.schema.state import InvalidTransitionError, check_transition
 
 
@@ -120,3 +120,63 @@ def test_snapshot_keeps_failure_utilization_and_checkpoints():
     assert snap.num_restarts == 1
     assert snap.utilization["node-0/cpu"].util_pct == 75.0
     assert [c["step"] for c in snap.checkpoints] == [100]
+
+
+# -- parallelism: the mesh sizes a job asks for ------------------------------------------
+
+
+def _spec(nodes: int = 2, procs: int = 2, gpus: int = 0, **layout: int) -> JobSpec:
+    return JobSpec(
+        entrypoint="train.py",
+        resources=Resources(nodes=nodes, procs_per_node=procs, gpus_per_node=gpus),
+        parallelism=Parallelism(**layout),
+    )
+
+
+def test_dp_shard_minus_one_takes_what_the_other_sizes_leave() -> None:
+    assert _spec(tp=2).parallelism.resolve(4).sizes() == {
+        "pp": 1,
+        "dp_replicate": 1,
+        "dp_shard": 2,
+        "cp": 1,
+        "tp": 2,
+    }
+    assert _spec(pp=2, tp=2).parallelism.resolve(4).dp_shard == 1
+
+
+def test_a_layout_whose_product_is_not_the_world_size_is_refused_with_the_arithmetic() -> None:
+    with pytest.raises(ValidationError) as err:
+        _spec(dp_shard=2, tp=1)  # 2 ranks asked, 4 in the job
+    message = str(err.value)
+    assert "dp_shard=2" in message and "= 2 ranks, but the job has 4" in message
+    assert "dp_shard=-1" in message
+
+
+def test_sizes_that_do_not_divide_the_world_are_refused() -> None:
+    with pytest.raises(ValidationError, match="does not divide the job's 4 ranks"):
+        _spec(pp=3)
+
+
+def test_tensor_parallel_stays_inside_one_node() -> None:
+    with pytest.raises(ValidationError, match="tp=4 must stay inside one node") as err:
+        _spec(nodes=2, procs=2, tp=4)
+    assert "raise procs_per_node" in str(err.value)
+    _spec(nodes=2, procs=2, tp=2)  # two ranks of one node: fine
+
+
+def test_context_parallel_needs_gpus() -> None:
+    with pytest.raises(ValidationError, match="cp=2 needs GPUs"):
+        _spec(cp=2)
+    assert _spec(nodes=1, procs=1, gpus=4, cp=2).parallelism.cp == 2
+
+
+def test_dp_shard_zero_is_refused() -> None:
+    with pytest.raises(ValidationError, match="dp_shard=0"):
+        Parallelism(dp_shard=0)
+
+
+def test_the_default_layout_fits_any_world_size_and_round_trips() -> None:
+    spec = _spec(nodes=3, procs=1)
+    assert spec.parallelism.is_default
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert spec.parallelism.resolve(3).dp_shard == 3
