@@ -347,7 +347,9 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
 
     from air_sdk.runtime._fork_snapshot import state_dicts
     from air_sdk.runtime._manifest import MANIFEST_NAME, FileEntry, Manifest, step_dir_name
-    from air_sdk.runtime.checkpoint import _NO_DIST_WARNING, _is_committed, _stateful
+    from air_sdk.runtime.checkpoint._adapters import layout, state_kinds, stateful
+    from air_sdk.runtime.checkpoint._checkpointer import NO_DIST_WARNING
+    from air_sdk.runtime.checkpoint._commit import is_committed
 
     started = time.monotonic()
     ctx = context()
@@ -355,15 +357,15 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
         k: _Frozen(tracker.positions[k]) if k in tracker.loaders else v
         for k, v in tracker.state.items()
     }
-    flat = state_dicts(_stateful(state))
+    flat = state_dicts(stateful(state))
     final = storage.join(storage.root, step_dir_name(step))
-    if _is_committed(storage, final, step):
+    if is_committed(storage, final, step):
         return step  # another survivor was faster
     tmp = storage.join(storage.root, f".failure-step-{step}-rank-{ctx.rank}-{uuid.uuid4().hex[:8]}")
     storage.make_dirs(tmp)
     try:
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
-            warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+            warnings.filterwarnings("ignore", message=NO_DIST_WARNING)
             dcp.save(flat, storage_writer=storage.writer(tmp), no_dist=True)
         files = []
         for name in storage.list_dir(tmp):
@@ -376,6 +378,8 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
             job_id=ctx.job_id,
             attempt=ctx.attempt,
             data_position=tracker.positions or None,
+            parallelism=layout(tracker.state),
+            state_kinds=state_kinds(tracker.state),
         )
         storage.sync_dir(tmp)
         storage.write_atomic(storage.join(tmp, MANIFEST_NAME), manifest.to_json())
@@ -386,7 +390,7 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
         try:
             os.rename(tmp, final)  # fails if another survivor's is in place: theirs stands
         except OSError:
-            return step if _is_committed(storage, final, step) else None
+            return step if is_committed(storage, final, step) else None
         storage.sync_dir(storage.root)
     finally:
         storage.remove_tree(tmp)
