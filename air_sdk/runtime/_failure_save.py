@@ -20,8 +20,9 @@ as always):
 * `air.checkpoint.save` or `load` saw the state, and it holds only
   DistributedDataParallel modules (replicated: a survivor has all of them),
   optimizers, LR schedulers and `air.resumable_loader`s / samplers. A plain value
-  or tensor could be changed by the loop between steps, a sharded (FSDP) module
-  lives partly on the dead rank;
+  or tensor could be changed by the loop between steps; a sharded module (FSDP2,
+  tensor parallel: DTensor parameters) or a pipeline's model parts live partly on
+  the dead rank, so for those a one-line message says why nothing was saved;
 * the error that ends the script is a collective's failure, raised inside
   `backward()` (so that step's optimizer step has not run);
 * every optimizer in the state stepped the same number k >= 1 of times since the
@@ -217,6 +218,10 @@ def _is_loader(value: Any) -> bool:
 def ineligible_state(state: Mapping[str, Any]) -> str | None:
     """Why a survivor's copy of `state` may not be the whole state after a step; None if it is.
 
+    Only data parallelism over replicas qualifies: a sharded module (FSDP2, tensor
+    parallel: DTensor parameters) or the model parts of a pipeline live partly on the
+    dead rank, so a survivor holds part of the state and must not save it.
+
     Example:
         >>> ineligible_state({"epoch": 3})
         "state['epoch'] (int) may have changed since the last completed step"
@@ -225,19 +230,34 @@ def ineligible_state(state: Mapping[str, Any]) -> str | None:
     from torch.distributed.tensor import DTensor
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+    def sharded(module: torch.nn.Module) -> bool:
+        return any(isinstance(p, DTensor) for p in module.parameters())
+
     for key, value in state.items():
-        if isinstance(value, torch.nn.parallel.DistributedDataParallel):
-            if any(isinstance(p, DTensor) for p in value.parameters()):
-                return f"state[{key!r}] has sharded (DTensor) parameters"
-        elif isinstance(value, torch.nn.Module):
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.nn.Module) for v in value):
+            return (
+                f"state[{key!r}] holds model parts (pipeline stages): the other stages"
+                " lived on other ranks, some of them dead"
+            )
+        if isinstance(value, torch.nn.Module) and sharded(value):
+            return (
+                f"state[{key!r}] has sharded (DTensor) parameters (FSDP or tensor parallel):"
+                " the dead rank held part of them"
+            )
+        if isinstance(value, torch.nn.Module) and not isinstance(
+            value, torch.nn.parallel.DistributedDataParallel
+        ):
             return (
                 f"state[{key!r}] ({type(value).__name__}) is not DistributedDataParallel:"
                 " the surviving ranks may not hold all of it"
             )
-        elif not (
-            isinstance(value, (torch.optim.Optimizer, LRScheduler, ReduceLROnPlateau))
-            or _is_loader(value)
+        optimizers = value if isinstance(value, (list, tuple)) and value else [value]
+        if isinstance(value, torch.nn.Module) or all(
+            isinstance(v, (torch.optim.Optimizer, LRScheduler, ReduceLROnPlateau))
+            for v in optimizers
         ):
+            continue
+        if not _is_loader(value):
             return f"state[{key!r}] ({type(value).__name__}) may have changed since the last completed step"
     return None
 

@@ -234,8 +234,9 @@ def data_position(state: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def layout(state: Mapping[str, Any] | None = None) -> dict[str, int] | None:
     """The parallel layout this process trains under, as mesh sizes: the job's
-    `AIR_PARALLELISM` (set by AIR's runner), else the device mesh of the first DTensor
-    parameter in `state` (its dimension names and sizes), else None.
+    `AIR_PARALLELISM` (set by AIR's runner), else the dimensions of the device meshes
+    of the DTensor parameters in `state` (a pipeline dimension is not seen that way),
+    else None.
 
     Example:
         >>> os.environ["AIR_PARALLELISM"] = '{"dp_shard": 2, "tp": 2}'
@@ -243,7 +244,7 @@ def layout(state: Mapping[str, Any] | None = None) -> dict[str, int] | None:
         {'pp': 1, 'dp_replicate': 1, 'dp_shard': 2, 'cp': 1, 'tp': 2}
         >>> del os.environ["AIR_PARALLELISM"]
     """
-    from air_sdk.schema.spec import PARALLELISM_ENV, Parallelism
+    from air_sdk.schema.spec import MESH_DIMS, PARALLELISM_ENV, Parallelism
 
     raw = os.environ.get(PARALLELISM_ENV, "").strip()
     if raw:
@@ -251,22 +252,29 @@ def layout(state: Mapping[str, Any] | None = None) -> dict[str, int] | None:
             return Parallelism.model_validate(json.loads(raw)).sizes()
         except ValueError as exc:
             raise CheckpointError(f"{PARALLELISM_ENV}={raw!r} is not a layout: {exc}") from None
+    found: dict[str, int] = {}
     for value in (state or {}).values():
         for module in _modules(value) or ():
-            mesh = _first_mesh(module)
-            if mesh is not None:
-                names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
-                return dict(zip(names, (int(n) for n in mesh.shape), strict=True))
-    return None
+            found.update(_mesh_dims(module))
+    if not found:
+        return None
+    order = {name: i for i, name in enumerate(MESH_DIMS)}
+    return dict(sorted(found.items(), key=lambda item: order.get(item[0], len(order))))
 
 
-def _first_mesh(module: torch.nn.Module) -> Any:
+def _mesh_dims(module: torch.nn.Module) -> dict[str, int]:
+    """{dimension name: size} over the meshes of the module's DTensor parameters."""
     from torch.distributed.tensor import DTensor
 
+    dims: dict[str, int] = {}
+    meshes: set[int] = set()
     for param in module.parameters():
-        if isinstance(param, DTensor):
-            return param.device_mesh
-    return None
+        if isinstance(param, DTensor) and id(param.device_mesh) not in meshes:
+            mesh = param.device_mesh
+            meshes.add(id(mesh))
+            names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+            dims.update(zip(names, (int(n) for n in mesh.shape), strict=True))
+    return dims
 
 
 def describe_layout(sizes: Mapping[str, int] | None, world_size: int) -> str:
