@@ -98,7 +98,12 @@ class _Tracker:
         self.state = state
         self.contents = dict(state)  # held: an id compared later must still be this object
         self.problem = ineligible_state(state) or _backend_problem()
-        self.optimizers = [v for v in state.values() if isinstance(v, torch.optim.Optimizer)]
+        self.optimizers = [
+            o
+            for v in state.values()
+            for o in (v if isinstance(v, (list, tuple)) else [v])
+            if isinstance(o, torch.optim.Optimizer)
+        ]
         self.loaders = {k: v for k, v in state.items() if _is_loader(v)}
         self.restart(step)
 

@@ -118,7 +118,7 @@ def register_at_exit() -> None:
         _at_exit_registered = True
 
 
-def _checkpointer() -> Checkpointer:
+def _default_checkpointer() -> Checkpointer:
     global _default
     with _default_lock:
         if _default is None:
@@ -169,7 +169,7 @@ def save(state: Mapping[str, Any], step: int, *, block: bool = False) -> None:
         >>> import air_sdk.runtime as air
         >>> air.checkpoint.save({"model": model, "optim": optim}, step=100)  # doctest: +SKIP
     """
-    _checkpointer().save(state, step, block=block)
+    _default_checkpointer().save(state, step, block=block)
 
 
 def load(state: MutableMapping[str, Any], *, step: int | None = None) -> int | None:
@@ -179,7 +179,7 @@ def load(state: MutableMapping[str, Any], *, step: int | None = None) -> int | N
         >>> import air_sdk.runtime as air
         >>> start = air.checkpoint.load({"model": model, "optim": optim})  # doctest: +SKIP
     """
-    return _checkpointer().load(state, step=step)
+    return _default_checkpointer().load(state, step=step)
 
 
 def latest() -> int | None:
@@ -190,7 +190,7 @@ def latest() -> int | None:
         >>> air.checkpoint.latest()  # doctest: +SKIP
         100
     """
-    return _checkpointer().latest()
+    return _default_checkpointer().latest()
 
 
 def wait() -> int | None:
@@ -201,7 +201,7 @@ def wait() -> int | None:
         >>> air.checkpoint.wait()  # doctest: +SKIP
         100
     """
-    return _checkpointer().wait()
+    return _default_checkpointer().wait()
 
 
 def close() -> None:

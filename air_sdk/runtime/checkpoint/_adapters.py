@@ -244,7 +244,7 @@ def layout(state: Mapping[str, Any] | None = None) -> dict[str, int] | None:
         {'pp': 1, 'dp_replicate': 1, 'dp_shard': 2, 'cp': 1, 'tp': 2}
         >>> del os.environ["AIR_PARALLELISM"]
     """
-    from air_sdk.schema.spec import MESH_DIMS, PARALLELISM_ENV, Parallelism
+    from air_sdk.schema.spec import PARALLELISM_ENV, Parallelism
 
     raw = os.environ.get(PARALLELISM_ENV, "").strip()
     if raw:
@@ -256,10 +256,14 @@ def layout(state: Mapping[str, Any] | None = None) -> dict[str, int] | None:
     for value in (state or {}).values():
         for module in _modules(value) or ():
             found.update(_mesh_dims(module))
-    if not found:
-        return None
+    return _in_mesh_order(found) if found else None
+
+
+def _in_mesh_order(sizes: Mapping[str, int]) -> dict[str, int]:
+    from air_sdk.schema.spec import MESH_DIMS
+
     order = {name: i for i, name in enumerate(MESH_DIMS)}
-    return dict(sorted(found.items(), key=lambda item: order.get(item[0], len(order))))
+    return dict(sorted(sizes.items(), key=lambda item: order.get(item[0], len(order))))
 
 
 def _mesh_dims(module: torch.nn.Module) -> dict[str, int]:
@@ -281,7 +285,7 @@ def describe_layout(sizes: Mapping[str, int] | None, world_size: int) -> str:
     """A layout as a line says it: the sizes other than 1, and the ranks.
 
     Example:
-        >>> describe_layout({"pp": 1, "dp_shard": 2, "tp": 2}, 4)
+        >>> describe_layout({"tp": 2, "pp": 1, "dp_shard": 2}, 4)
         'dp_shard=2 x tp=2 (4 ranks)'
         >>> describe_layout(None, 1)
         'an unrecorded layout (1 rank)'
@@ -289,5 +293,5 @@ def describe_layout(sizes: Mapping[str, int] | None, world_size: int) -> str:
     ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
     if sizes is None:
         return f"an unrecorded layout ({ranks})"
-    named = [f"{k}={v}" for k, v in sizes.items() if v != 1]
+    named = [f"{k}={v}" for k, v in _in_mesh_order(sizes).items() if v != 1]
     return f"{' x '.join(named) or 'no parallelism'} ({ranks})"

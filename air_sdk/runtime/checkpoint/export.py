@@ -183,6 +183,7 @@ def export_safetensors(
     """
     try:
         import torch
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
     except ImportError as exc:
         raise CheckpointError(
@@ -191,6 +192,11 @@ def export_safetensors(
         ) from exc
     if dtype is not None and dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    parent = os.path.dirname(os.path.abspath(os.fspath(to)))
+    if not os.path.isdir(parent):
+        raise CheckpointError(
+            f"cannot write {os.fspath(to)}: the directory {parent} does not exist"
+        )
     storage, directory, step = find_checkpoint(location, step)
     manifest = read_manifest(storage, directory)
     assert manifest is not None
@@ -220,6 +226,8 @@ def export_safetensors(
     try:
         save_file(out, tmp, metadata=metadata)
         os.replace(tmp, path)
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"cannot write {path}: {exc}") from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

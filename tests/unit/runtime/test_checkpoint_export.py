@@ -141,6 +141,8 @@ def test_a_damaged_or_missing_checkpoint_is_refused_and_nothing_is_written(
     with pytest.raises(CheckpointError, match="no committed checkpoint under"):
         export_safetensors(tmp_path / "empty", out)
     assert not out.exists() and list(tmp_path.glob("model.safetensors*")) == []
+    with pytest.raises(CheckpointError, match="the directory .*/nowhere does not exist"):
+        export_safetensors(tmp_path / "ckpt", tmp_path / "nowhere" / "m.safetensors")
 
 
 def test_several_models_need_a_key_and_a_plain_state_dict_has_its_wrappers_dropped(
