@@ -19,6 +19,7 @@ __all__ = [
     "JobState",
     "Resources",
     "__version__",
+    "checkpoints",
 ]
 
 
@@ -41,6 +42,10 @@ def __getattr__(name: str) -> object:
         from air_sdk import client
 
         return getattr(client, name)
+    if name == "checkpoints":  # a submodule: `air_sdk.checkpoints.export(...)`
+        import importlib
+
+        return importlib.import_module("air_sdk.checkpoints")
     if name in ("JobSnapshot", "JobSpec", "JobState", "Resources"):
         from air_sdk import schema
 

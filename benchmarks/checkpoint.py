@@ -125,7 +125,7 @@ def run_air(state, scratch: Path, mode: str) -> tuple[float, float]:
     ckpt.save(state, step=step)
     blocked = time.perf_counter() - t
     pending = ckpt._pending
-    assert pending is not None and (pending.forked is not None) == (mode == "fork")
+    assert pending is not None and pending.snapshot.name == mode
     PASSES[mode].append(training_pass(state))
     if mode == "fork":
         CHILD_ALIVE.append(not pending.done.is_set())

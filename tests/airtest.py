@@ -100,6 +100,13 @@ def torchrun_two_ranks(script: Path, *args: str, **extra_env: str) -> str:
     """Run `script ARGS` under `torchrun --standalone --nproc-per-node 2` with a clean
     torch/AIR environment (gloo on loopback) and return its output; fails on a non-zero exit.
     """
+    return torchrun_ranks(2, script, *args, **extra_env)
+
+
+def torchrun_ranks(
+    nproc: int, script: Path, *args: str, timeout_s: float = 280, **extra_env: str
+) -> str:
+    """`torchrun_two_ranks` with `nproc` ranks and a time limit of `timeout_s`."""
     import os
     import subprocess
     import sys
@@ -120,12 +127,12 @@ def torchrun_two_ranks(script: Path, *args: str, **extra_env: str) -> str:
         **extra_env,
     )
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + [str(script), *args],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        + ["--nproc-per-node", str(nproc), str(script), *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout_s,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout + done.stderr

@@ -3,6 +3,7 @@
     air gateway start --detach           # a gateway with 2 virtual nodes on this machine
     air submit train.py --nodes 2 --follow -- --epochs 3
     air jobs / air status JOB / air logs -f JOB / air metrics JOB / air cancel JOB
+    air checkpoints JOB / air checkpoints export JOB --to model.safetensors
     air demo                             # a 2-node DDP job end to end
     air admin token create --role viewer # tenants and tokens (admin token)
     air render k8s job.yaml --image IMG  # a Kubeflow TrainJob for Kubernetes
@@ -31,6 +32,7 @@ from air_sdk.cli._common import (
     parse_env,
 )
 from air_sdk.cli.admin import admin_app
+from air_sdk.cli.checkpoints import checkpoints_app
 from air_sdk.cli.gateway import gateway_app
 from air_sdk.cli.manifests import render_app
 from air_sdk.schema.state import JobState
@@ -59,6 +61,7 @@ app = typer.Typer(
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(admin_app, name="admin")
 app.add_typer(render_app, name="render")
+app.add_typer(checkpoints_app, name="checkpoints")
 
 #: `air metrics` shows this many most recent rows unless --all
 DEFAULT_METRIC_ROWS = 20
@@ -283,40 +286,6 @@ def metrics(
         console.print("no metrics yet")
     else:
         console.print(metrics_table(rows))
-
-
-@app.command()
-@handle_errors
-def checkpoints(
-    job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOption = None
-) -> None:
-    """Committed checkpoints of a job, the ones restore passed over, and resumes."""
-    from rich.table import Table
-
-    from air_sdk.client import Job
-
-    found = Job(make_client(gateway), job_id).checkpoints()
-    if as_json:
-        echo_json(found.model_dump(mode="json"))
-        return
-    if not found.commits:
-        console.print("no committed checkpoints yet")
-    else:
-        table = Table("STEP", "ATTEMPT", "SIZE", "BLOCKED", "DURABLE AFTER", "PATH")
-        for c in found.commits:
-            table.add_row(
-                f"{c.step} (at the failure)" if c.at_failure else str(c.step),
-                str(c.attempt),
-                f"{c.size_bytes / 2**20:.1f} MiB",
-                f"{c.blocked_s:.2f} s",
-                f"{c.durable_s:.2f} s",
-                c.path,
-            )
-        console.print(table)
-    for s in found.skipped:
-        console.print(f"[yellow]skipped step {s.step}[/] (attempt {s.attempt}): {s.skipped}")
-    for r in found.restores:
-        console.print(f"attempt {r.attempt} resumed from step {r.step}")
 
 
 @app.command()

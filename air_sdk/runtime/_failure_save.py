@@ -20,8 +20,9 @@ as always):
 * `air.checkpoint.save` or `load` saw the state, and it holds only
   DistributedDataParallel modules (replicated: a survivor has all of them),
   optimizers, LR schedulers and `air.resumable_loader`s / samplers. A plain value
-  or tensor could be changed by the loop between steps, a sharded (FSDP) module
-  lives partly on the dead rank;
+  or tensor could be changed by the loop between steps; a sharded module (FSDP2,
+  tensor parallel: DTensor parameters) or a pipeline's model parts live partly on
+  the dead rank, so for those a one-line message says why nothing was saved;
 * the error that ends the script is a collective's failure, raised inside
   `backward()` (so that step's optimizer step has not run);
 * every optimizer in the state stepped the same number k >= 1 of times since the
@@ -97,7 +98,12 @@ class _Tracker:
         self.state = state
         self.contents = dict(state)  # held: an id compared later must still be this object
         self.problem = ineligible_state(state) or _backend_problem()
-        self.optimizers = [v for v in state.values() if isinstance(v, torch.optim.Optimizer)]
+        self.optimizers = [
+            o
+            for v in state.values()
+            for o in (v if isinstance(v, (list, tuple)) else [v])
+            if isinstance(o, torch.optim.Optimizer)
+        ]
         self.loaders = {k: v for k, v in state.items() if _is_loader(v)}
         self.restart(step)
 
@@ -217,6 +223,10 @@ def _is_loader(value: Any) -> bool:
 def ineligible_state(state: Mapping[str, Any]) -> str | None:
     """Why a survivor's copy of `state` may not be the whole state after a step; None if it is.
 
+    Only data parallelism over replicas qualifies: a sharded module (FSDP2, tensor
+    parallel: DTensor parameters) or the model parts of a pipeline live partly on the
+    dead rank, so a survivor holds part of the state and must not save it.
+
     Example:
         >>> ineligible_state({"epoch": 3})
         "state['epoch'] (int) may have changed since the last completed step"
@@ -225,19 +235,34 @@ def ineligible_state(state: Mapping[str, Any]) -> str | None:
     from torch.distributed.tensor import DTensor
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+    def sharded(module: torch.nn.Module) -> bool:
+        return any(isinstance(p, DTensor) for p in module.parameters())
+
     for key, value in state.items():
-        if isinstance(value, torch.nn.parallel.DistributedDataParallel):
-            if any(isinstance(p, DTensor) for p in value.parameters()):
-                return f"state[{key!r}] has sharded (DTensor) parameters"
-        elif isinstance(value, torch.nn.Module):
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.nn.Module) for v in value):
+            return (
+                f"state[{key!r}] holds model parts (pipeline stages): the other stages"
+                " lived on other ranks, some of them dead"
+            )
+        if isinstance(value, torch.nn.Module) and sharded(value):
+            return (
+                f"state[{key!r}] has sharded (DTensor) parameters (FSDP or tensor parallel):"
+                " the dead rank held part of them"
+            )
+        if isinstance(value, torch.nn.Module) and not isinstance(
+            value, torch.nn.parallel.DistributedDataParallel
+        ):
             return (
                 f"state[{key!r}] ({type(value).__name__}) is not DistributedDataParallel:"
                 " the surviving ranks may not hold all of it"
             )
-        elif not (
-            isinstance(value, (torch.optim.Optimizer, LRScheduler, ReduceLROnPlateau))
-            or _is_loader(value)
+        optimizers = value if isinstance(value, (list, tuple)) and value else [value]
+        if isinstance(value, torch.nn.Module) or all(
+            isinstance(v, (torch.optim.Optimizer, LRScheduler, ReduceLROnPlateau))
+            for v in optimizers
         ):
+            continue
+        if not _is_loader(value):
             return f"state[{key!r}] ({type(value).__name__}) may have changed since the last completed step"
     return None
 
@@ -347,7 +372,9 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
 
     from air_sdk.runtime._fork_snapshot import state_dicts
     from air_sdk.runtime._manifest import MANIFEST_NAME, FileEntry, Manifest, step_dir_name
-    from air_sdk.runtime.checkpoint import _NO_DIST_WARNING, _is_committed, _stateful
+    from air_sdk.runtime.checkpoint._adapters import layout, state_kinds, stateful
+    from air_sdk.runtime.checkpoint._checkpointer import NO_DIST_WARNING
+    from air_sdk.runtime.checkpoint._commit import is_committed
 
     started = time.monotonic()
     ctx = context()
@@ -355,15 +382,15 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
         k: _Frozen(tracker.positions[k]) if k in tracker.loaders else v
         for k, v in tracker.state.items()
     }
-    flat = state_dicts(_stateful(state))
+    flat = state_dicts(stateful(state))
     final = storage.join(storage.root, step_dir_name(step))
-    if _is_committed(storage, final, step):
+    if is_committed(storage, final, step):
         return step  # another survivor was faster
     tmp = storage.join(storage.root, f".failure-step-{step}-rank-{ctx.rank}-{uuid.uuid4().hex[:8]}")
     storage.make_dirs(tmp)
     try:
         with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
-            warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+            warnings.filterwarnings("ignore", message=NO_DIST_WARNING)
             dcp.save(flat, storage_writer=storage.writer(tmp), no_dist=True)
         files = []
         for name in storage.list_dir(tmp):
@@ -376,6 +403,8 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
             job_id=ctx.job_id,
             attempt=ctx.attempt,
             data_position=tracker.positions or None,
+            parallelism=layout(tracker.state),
+            state_kinds=state_kinds(tracker.state),
         )
         storage.sync_dir(tmp)
         storage.write_atomic(storage.join(tmp, MANIFEST_NAME), manifest.to_json())
@@ -386,7 +415,7 @@ def _write(storage: Any, tracker: _Tracker, step: int) -> int | None:
         try:
             os.rename(tmp, final)  # fails if another survivor's is in place: theirs stands
         except OSError:
-            return step if _is_committed(storage, final, step) else None
+            return step if is_committed(storage, final, step) else None
         storage.sync_dir(storage.root)
     finally:
         storage.remove_tree(tmp)

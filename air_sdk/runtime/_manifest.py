@@ -88,6 +88,11 @@ class Manifest:
     job_id: str | None = None
     attempt: int = 0
     data_position: dict[str, Any] | None = None
+    #: the mesh sizes it was saved under (`Parallelism.sizes()`, or a DTensor mesh's)
+    parallelism: dict[str, int] | None = None
+    #: what each state key is (`model`, `optimizer`, `stateful`, `value`); absent in
+    #: checkpoints of AIR before optimizers were saved flattened by parameter name
+    state_kinds: dict[str, str] | None = None
     format: int = FORMAT
 
     @property
@@ -119,8 +124,9 @@ class Manifest:
     def to_json(self) -> bytes:
         body = asdict(self)
         body["files"] = [asdict(entry) for entry in self.files]
-        if self.data_position is None:
-            del body["data_position"]
+        for optional in ("data_position", "parallelism", "state_kinds"):
+            if body[optional] is None:
+                del body[optional]
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -142,6 +148,8 @@ class Manifest:
         if data_position is not None and not isinstance(data_position, dict):
             raise ManifestError("'data_position' is not an object")
         job_id = body.get("job_id")
+        parallelism = _str_map(body, "parallelism", int)
+        state_kinds = _str_map(body, "state_kinds", str)
         return cls(
             step=_int(body, "step"),
             world_size=_int(body, "world_size", minimum=1),
@@ -150,7 +158,20 @@ class Manifest:
             job_id=job_id if isinstance(job_id, str) else None,
             attempt=_int(body, "attempt"),
             data_position=data_position,
+            parallelism=parallelism,
+            state_kinds=state_kinds,
         )
+
+
+def _str_map(body: dict[str, Any], key: str, kind: type) -> dict[str, Any] | None:
+    value: Any = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and type(v) is kind for k, v in value.items()
+    ):
+        raise ManifestError(f"{key!r} is not an object of {kind.__name__} values")
+    return value
 
 
 def _int(body: dict[str, Any], key: str, minimum: int = 0) -> int:

@@ -48,7 +48,7 @@ def in_child(monkeypatch: pytest.MonkeyPatch, action: Any) -> None:
 def snapshot_of(ckpt: Checkpointer) -> str:
     pending = ckpt._pending
     assert pending is not None, "no save in flight"
-    return "fork" if pending.forked is not None else "copy"
+    return pending.snapshot.name
 
 
 def test_a_fork_save_round_trips_model_optimizer_data_position_and_values(
@@ -268,7 +268,7 @@ ddp_optim = torch.optim.AdamW(ddp.parameters(), lr=0.05)
 one_step(ddp, ddp_optim, 1)
 ckpt = Checkpointer(f"{root}/ddp")
 ckpt.save({"model": ddp, "optim": ddp_optim, "rank_note": f"from {rank}"}, step=1)
-print(f"rank {rank} ddp snapshot: {'fork' if ckpt._pending.forked else 'copy'}", flush=True)
+print(f"rank {rank} ddp snapshot: {ckpt._pending.snapshot.name}", flush=True)
 ckpt.wait()
 if rank == 0:
     torch.save(ddp.module.state_dict(), f"{root}/ddp.pt")
@@ -278,7 +278,7 @@ model, optim = fsdp2(0)
 one_step(model, optim, 2)
 ckpt = Checkpointer(f"{root}/fsdp")
 ckpt.save({"model": model, "optim": optim}, step=1)
-print(f"rank {rank} fsdp snapshot: {'fork' if ckpt._pending.forked else 'copy'}", flush=True)
+print(f"rank {rank} fsdp snapshot: {ckpt._pending.snapshot.name}", flush=True)
 ckpt.wait()
 other, other_optim = fsdp2(1)
 Checkpointer(f"{root}/fsdp").load({"model": other, "optim": other_optim})
@@ -360,10 +360,12 @@ def test_the_writer_is_named_so_tools_can_tell_it_from_its_rank(
     ckpt = Checkpointer(tmp_path)
     ckpt.save(make_state(), step=1)
     pending = ckpt._pending
-    assert pending is not None and pending.forked is not None and pending.forked.pid
+    assert pending is not None and pending.snapshot.name == "fork"
+    pid = pending.snapshot.forked.pid
+    assert pid
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _fork_snapshot.WRITER_NAME not in seen:
-        seen.append(psutil.Process(pending.forked.pid).name())
+        seen.append(psutil.Process(pid).name())
         time.sleep(0.05)
     assert _fork_snapshot.WRITER_NAME in seen
     assert ckpt.wait() == 1

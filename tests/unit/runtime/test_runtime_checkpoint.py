@@ -395,3 +395,33 @@ def test_a_script_that_just_exits_still_commits_its_last_save(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIR_")}
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
     assert Checkpointer(tmp_path).latest() == 1
+
+
+def test_a_checkpoint_from_before_optimizers_were_saved_by_name_still_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AIR once saved an optimizer unflattened (`param_groups` as a list) and wrote no
+    `state_kinds` in the manifest; such a checkpoint loads as it was saved."""
+    import functools
+    import pickle
+
+    from air_sdk.runtime.checkpoint import _adapters, _checkpointer
+
+    as_before = functools.partial(_adapters.stateful, flat_optimizers=False)
+    monkeypatch.setattr(_checkpointer, "stateful", as_before)
+    state = make_state()
+    train(state, 2)
+    Checkpointer(tmp_path).save(state, step=2, block=True)
+    monkeypatch.setattr(_checkpointer, "stateful", _adapters.stateful)
+    metadata = pickle.loads((tmp_path / "step-2" / ".metadata").read_bytes())
+    assert "optim.param_groups.0.params" in metadata.state_dict_metadata  # the old layout
+    manifest = tmp_path / "step-2" / "manifest.json"
+    body = json.loads(manifest.read_text())
+    del body["state_kinds"]
+    manifest.write_text(json.dumps(body))
+
+    fresh = make_state(seed=1)
+    assert Checkpointer(tmp_path).load(fresh) == 2
+    assert all(torch.equal(v, params(state["model"])[k]) for k, v in params(fresh["model"]).items())
+    want, got = state["optim"].state_dict()["state"], fresh["optim"].state_dict()["state"]
+    assert all(torch.equal(got[i]["exp_avg"], want[i]["exp_avg"]) for i in want)

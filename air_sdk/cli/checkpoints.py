@@ -1,0 +1,146 @@
+"""`air checkpoints JOB` (list) and `air checkpoints export JOB|DIR --to FILE`.
+
+    air checkpoints JOB                               # commits, skips, resumes
+    air checkpoints export JOB --to model.safetensors # the newest checkpoint's model
+    air checkpoints export JOB --step 300 --to model.safetensors --dtype bfloat16
+    air checkpoints export /data/run/ckpt --to model.safetensors
+
+`export` runs here, on the client: it reads the checkpoint's files, so they must be
+reachable from this machine (see `air_sdk.checkpoints`). torch is imported only
+inside `export`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from air_sdk.cli._common import GatewayOption, JsonOption, console, echo_json, handle_errors
+
+if TYPE_CHECKING:
+    from typer._click.core import Context  # typer vendors click; its groups take this one
+
+__all__ = ["checkpoints_app"]
+
+
+class Dtype(str, Enum):
+    """`--dtype` choices (`air_sdk.runtime.checkpoint.export.DTYPES`)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class _ListByDefault(TyperGroup):
+    """`air checkpoints JOB` is `air checkpoints list JOB`: a first word that is not a
+    subcommand (a job id, an option) goes to `list`."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+checkpoints_app = typer.Typer(
+    cls=_ListByDefault,
+    help="A job's checkpoints: list them (the default), or export one as safetensors.",
+    no_args_is_help=True,
+)
+
+JobArgument = Annotated[str, typer.Argument(metavar="JOB", help="Job id (from `air jobs`).")]
+
+
+@checkpoints_app.command("list")
+@handle_errors
+def list_checkpoints(
+    job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOption = None
+) -> None:
+    """Committed checkpoints of a job, the ones restore passed over, and resumes."""
+    from rich.table import Table
+
+    from air_sdk.cli.main import make_client
+    from air_sdk.client import Job
+
+    found = Job(make_client(gateway), job_id).checkpoints()
+    if as_json:
+        echo_json(found.model_dump(mode="json"))
+        return
+    if not found.commits:
+        console.print("no committed checkpoints yet")
+    else:
+        table = Table("STEP", "ATTEMPT", "SIZE", "BLOCKED", "DURABLE AFTER", "PATH")
+        for c in found.commits:
+            table.add_row(
+                f"{c.step} (at the failure)" if c.at_failure else str(c.step),
+                str(c.attempt),
+                f"{c.size_bytes / 2**20:.1f} MiB",
+                f"{c.blocked_s:.2f} s",
+                f"{c.durable_s:.2f} s",
+                c.path,
+            )
+        console.print(table)
+    for s in found.skipped:
+        console.print(f"[yellow]skipped step {s.step}[/] (attempt {s.attempt}): {s.skipped}")
+    for r in found.restores:
+        console.print(f"attempt {r.attempt} resumed from step {r.step}")
+
+
+@checkpoints_app.command("export")
+@handle_errors
+def export(
+    source: Annotated[
+        str,
+        typer.Argument(
+            metavar="JOB|DIR",
+            help="A job id, or a checkpoint directory / URL (a root of step-N or one step-N).",
+        ),
+    ],
+    to: Annotated[str, typer.Option("--to", metavar="FILE", help="The safetensors file to write.")],
+    step: Annotated[
+        int | None,
+        typer.Option("--step", min=0, help="Which checkpoint (default: the newest committed)."),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="The state entry holding the model (default: the only one)."),
+    ] = None,
+    dtype: Annotated[
+        Dtype | None,
+        typer.Option("--dtype", help="Cast floating tensors (default: as saved)."),
+    ] = None,
+    as_json: JsonOption = False,
+    gateway: GatewayOption = None,
+) -> None:
+    """Write a checkpoint's model as one safetensors file of full tensors (any layout)."""
+    from air_sdk.checkpoints import export as export_checkpoint
+    from air_sdk.checkpoints import is_location
+
+    client: Any = None
+    if not is_location(source):
+        from air_sdk.cli.main import make_client
+
+        client = make_client(gateway)
+    cast = dtype.value if dtype is not None else None
+    done = export_checkpoint(source, step, to, key=key, dtype=cast, client=client)
+    if as_json:
+        echo_json(
+            {
+                "path": done.path,
+                "step": done.step,
+                "key": done.key,
+                "num_tensors": done.num_tensors,
+                "num_bytes": done.num_bytes,
+                "source": done.source,
+                "skipped": list(done.skipped),
+            }
+        )
+        return
+    console.print(
+        f"wrote {done.path}: step {done.step}, {done.num_tensors} tensors"
+        f" ({done.num_bytes / 2**20:.1f} MiB) of state[{done.key!r}] from {done.source}"
+    )
+    if done.skipped:
+        console.print(f"[yellow]not tensors, left out:[/] {', '.join(done.skipped)}")
