@@ -234,7 +234,7 @@ def logs(
 ) -> None:
     """Print a job's logs, each line prefixed with its rank; -f follows until the job ends."""
     from air_sdk.client import Job
-    from air_sdk.schema.events import EventType
+    from air_sdk.schema.events import EventType, LogBatch
 
     job = Job(make_client(gateway), job_id)
     page = job.log_page(rank=rank, attempt=attempt, tail=tail)
@@ -250,7 +250,7 @@ def logs(
                 continue
             if attempt is not None and event.attempt != attempt:
                 continue
-            for text in event.data.get("lines", []):
+            for text in event.payload_as(LogBatch).lines:
                 typer.echo(f"[rank {event.rank if event.rank is not None else '?'}] {text}")
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None

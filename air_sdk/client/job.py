@@ -35,7 +35,7 @@ from air_sdk.schema.api import (
     MetricRow,
     MetricsPage,
 )
-from air_sdk.schema.events import Event, EventType
+from air_sdk.schema.events import Event, EventType, StateChange
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.state import JobState
 
@@ -62,8 +62,8 @@ def is_terminal_event(event: Event) -> bool:
     if event.type is not EventType.STATE:
         return False
     try:
-        return JobState(event.data.get("state")).terminal
-    except ValueError:
+        return event.payload_as(StateChange).state.terminal
+    except ValueError:  # a state this client does not know (a newer gateway)
         return False
 
 

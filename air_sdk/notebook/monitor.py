@@ -580,7 +580,7 @@ class JobMonitor:
                 update={
                     "series": {metric: points} if metric is not None else {},
                     "restarts_at_step": list(snap.restarts_at_step),
-                    "checkpoints": [dict(c) for c in snap.checkpoints],
+                    "checkpoints": list(snap.checkpoints),
                 }
             )
 

@@ -45,6 +45,19 @@ class Log:
         ts = float(step) if ts is None else ts
         return self.add("metrics", rank=0, points=[{"step": step, "ts": ts, "values": values}])
 
+    def checkpoint(self, step: int, size_bytes: int = 1024, durable_s: float = 1.0) -> Log:
+        return self.add(
+            "checkpoint",
+            step=step,
+            path=f"/ck/{step}",
+            world_size=2,
+            size_bytes=size_bytes,
+            num_files=3,
+            blocked_s=0.05,
+            durable_s=durable_s,
+            attempt=1,
+        )
+
     def snapshot(self) -> JobSnapshot:
         return JobSnapshot.fold(JOB, self.events)
 
@@ -153,12 +166,12 @@ def test_html_utilization_rows_per_node_and_device() -> None:
 
 def test_html_checkpoint_rows_newest_first_with_their_fields() -> None:
     log = running(30)
-    log.add("checkpoint", step=10, path="/ck/10", size=3 * 1024**2, seconds=0.25)
-    log.add("checkpoint", step=20, path="/ck/20", size=3 * 1024**3, seconds=1.5)
+    log.checkpoint(10, size_bytes=3 * 1024**2, durable_s=0.25)
+    log.checkpoint(20, size_bytes=3 * 1024**3, durable_s=1.5)
     page = render_html(log.snapshot())
     assert body_rows(page.split("checkpoints (2)", 1)[1]) == [
-        "20|/ck/20|3.0 GiB|1.50 s|",
-        "10|/ck/10|3.0 MiB|0.25 s|",
+        "20|1|3.0 GiB|0.05 s|1.50 s|/ck/20|",
+        "10|1|3.0 MiB|0.05 s|0.25 s|/ck/10|",
     ]
 
 
@@ -243,7 +256,7 @@ def test_metric_names_put_loss_first() -> None:
 def test_text_summary_for_terminals() -> None:
     failure = {"attempt": 1, "reason": "worker crashed", "rank": 1, "exit_code": 3}
     log = running(10, samples=8).add("log", rank=1, lines=["last words"])
-    log.add("checkpoint", step=5)
+    log.checkpoint(5)
     log.state(JobState.FAILED, failure=failure)
     text = render_text(log.snapshot(), name="demo", total_steps=100)
     assert text.splitlines()[0] == f"{JOB} (demo)  FAILED  attempt 1"
@@ -271,7 +284,7 @@ def test_chart_is_a_png_that_follows_the_data() -> None:
 def test_chart_draws_restart_and_checkpoint_markers() -> None:
     log = running(20)
     plain = render_chart_png(log.snapshot(), "loss")
-    log.add("checkpoint", step=10)
+    log.checkpoint(10)
     with_checkpoint = render_chart_png(log.snapshot(), "loss")
     log.state(JobState.RESTARTING)
     with_restart = render_chart_png(log.snapshot(), "loss")
