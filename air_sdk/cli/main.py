@@ -14,9 +14,8 @@ its inputs must change, 1 otherwise.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Unpack
 
 import typer
 
@@ -28,21 +27,13 @@ from air_sdk.cli._common import (
     echo_json,
     err_console,
     handle_errors,
-    parse_env,
 )
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.gateway import gateway_app
+from air_sdk.cli.job_flags import with_job_options
 from air_sdk.cli.manifests import render_app
+from air_sdk.client.options import JobOptions
 from air_sdk.schema.state import JobState
-
-
-class Priority(str, Enum):
-    """Priority classes, for typer's choices."""
-
-    low = "low"
-    normal = "normal"
-    high = "high"
-
 
 if TYPE_CHECKING:
     from air_sdk.client import Client
@@ -104,6 +95,7 @@ def _reattach_hint(job_id: str) -> None:
 
 @app.command()
 @handle_errors
+@with_job_options
 def submit(
     script: Annotated[
         Path,
@@ -119,57 +111,20 @@ def submit(
         list[str] | None,
         typer.Argument(metavar="[-- ARGS...]", help="Arguments for the script, after `--`."),
     ] = None,
-    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Nodes (gang-scheduled).")] = 1,
-    procs_per_node: Annotated[int, typer.Option(help="Ranks per node.")] = 1,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node; 0 runs on CPU.")] = 0,
-    name: Annotated[str | None, typer.Option(help="Job name (default: the script's).")] = None,
-    max_restarts: Annotated[int, typer.Option(help="Relaunches after a failure.")] = 0,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Env var for every rank (repeat)."),
-    ] = None,
-    workdir: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True, file_okay=False, help="Directory to bundle (default: cwd or the script's)."
-        ),
-    ] = None,
-    pool: Annotated[
-        str, typer.Option(help="Node pool to run in; 'any' lets the scheduler choose.")
-    ] = "default",
-    priority: Annotated[
-        Priority,
-        typer.Option(case_sensitive=False, help="low, normal or high (high may preempt lower)."),
-    ] = Priority.normal,
-    accelerator: Annotated[
-        str | None,
-        typer.Option(metavar="TYPE", help="Accelerator type (a100, h100, cpu; gpu: any GPU)."),
-    ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")
     ] = False,
     gateway: GatewayOption = None,
+    **options: Unpack[JobOptions],
 ) -> None:
     """Submit SCRIPT as a multi-node job; prints the job id.
 
     Example: air submit train.py --nodes 2 --env LR=0.1 --follow -- --epochs 3
+
+    The job options are those of `Client.submit_script` (air_sdk/client/options.py).
     """
-    env_vars = parse_env(env)
     client = make_client(gateway)
-    job = client.submit_script(
-        script,
-        args=list(args or ()),
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        gpus_per_node=gpus_per_node,
-        name=name,
-        env=env_vars,
-        max_restarts=max_restarts,
-        workdir=workdir,
-        pool=pool,
-        priority=priority.value,
-        accelerator=accelerator,
-    )
+    job = client.submit_script(script, args=list(args or ()), **options)
     typer.echo(job.id)
     if not follow:
         err_console.print(f"follow it with: air logs -f {job.id}", style="dim", soft_wrap=True)
