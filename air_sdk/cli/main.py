@@ -129,7 +129,7 @@ def submit(
     if not follow:
         err_console.print(f"follow it with: air logs -f {job.id}", style="dim", soft_wrap=True)
         return
-    from air_sdk.cli.render import follow_to_end
+    from air_sdk.cli.terminal_views import follow_to_end
 
     try:
         code = follow_to_end(job, console)
@@ -150,7 +150,7 @@ def list_jobs(
     gateway: GatewayOption = None,
 ) -> None:
     """List your jobs, newest first."""
-    from air_sdk.cli.render import jobs_table
+    from air_sdk.cli.terminal_views import jobs_table
 
     records = make_client(gateway).jobs(state=state, limit=limit)
     if as_json:
@@ -165,7 +165,7 @@ def list_jobs(
 @handle_errors
 def status(job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOption = None) -> None:
     """State, attempts, progress and (for a failure) which rank failed and why."""
-    from air_sdk.cli.render import status_text
+    from air_sdk.cli.terminal_views import status_text
 
     job = make_client(gateway).job(job_id)
     record = job.record()
@@ -226,7 +226,7 @@ def metrics(
     gateway: GatewayOption = None,
 ) -> None:
     """Logged metrics (`air.log`): one row per step and rank."""
-    from air_sdk.cli.render import metrics_table
+    from air_sdk.cli.terminal_views import metrics_table
     from air_sdk.client import Job
 
     rows = Job(make_client(gateway), job_id).metrics(name=name, rank=rank)

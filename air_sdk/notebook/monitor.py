@@ -13,7 +13,7 @@ cell ends) do the work:
   when the charted series changed, and makes a final redraw when the job ends.
 
 Widget values are only ever assigned (never `with out:` from a thread). All the
-HTML comes from `render.py`, which also gives the static copy the notebook keeps.
+HTML comes from `snapshot_html.py`, which also gives the static copy the notebook keeps.
 
 CSS classes (for browser tests): `air-monitor` (root), `air-state`, `air-step`,
 `air-progress`, `air-metrics`, `air-metric`, `air-chart`, `air-util`,
@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 from air_sdk.errors import AuthError, JobTimeoutError, NotFoundError
-from air_sdk.notebook import render
+from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import render_chart_png
 from air_sdk.schema.events import Event
 from air_sdk.schema.snapshot import JobSnapshot
@@ -272,7 +272,7 @@ class JobMonitor:
         with self._lock:
             bundle: dict[str, Any] = {
                 "text/plain": self._text(),
-                "text/html": render.render_html(
+                "text/html": snapshot_html.render_html(
                     self._snapshot,
                     name=self._name,
                     chart_png=self._current_chart_png(),
@@ -528,7 +528,7 @@ class JobMonitor:
         except Exception as exc:
             # A drawing bug must not end following, nor pass unseen.
             log.warning("monitor of %s: redraw failed", self.job.id, exc_info=True)
-            self._error_widget.value = render.error_html(f"the monitor could not redraw: {exc!r}")
+            self._error_widget.value = snapshot_html.error_html(f"the monitor could not redraw: {exc!r}")
             self._error_widget.layout.display = None
         finally:
             self._last_render = time.monotonic()
@@ -558,11 +558,11 @@ class JobMonitor:
     def _chosen_metric(self, snap: JobSnapshot) -> str | None:
         if self._metric is not None and self._metric in snap.series:
             return self._metric
-        return render.default_metric(snap)
+        return snapshot_html.default_metric(snap)
 
     def _view(self) -> _View:
         snap = self._snapshot
-        total = render.resolve_total_steps(snap, self.total_steps)
+        total = snapshot_html.resolve_total_steps(snap, self.total_steps)
         progress_max = total or 1
         if snap.state is JobState.SUCCEEDED:
             progress_value = progress_max  # done is done, whatever the last logged step
@@ -594,28 +594,28 @@ class JobMonitor:
         logs = snap.log_tail.get(log_rank, []) if log_rank is not None else []
 
         return _View(
-            state_html=render.badge_html(snap, name=self._name),
-            step_html=render.escape(render.progress_text(snap, total_steps=self.total_steps)),
+            state_html=snapshot_html.badge_html(snap, name=self._name),
+            step_html=snapshot_html.escape(snapshot_html.progress_text(snap, total_steps=self.total_steps)),
             progress_max=progress_max,
             progress_value=progress_value,
             bar_style=_BAR_STYLES.get(snap.state, ""),
             # Without a total an empty bar would read "0% done": the step label and
             # the rate carry the progress until the job has succeeded.
             progress_shown=total is not None or snap.state is JobState.SUCCEEDED,
-            metrics_html=render.metrics_html(
+            metrics_html=snapshot_html.metrics_html(
                 snap, flops_per_step=self.flops_per_step, peak_flops=self.peak_flops
             ),
-            metric_options=render.metric_names(snap),
+            metric_options=snapshot_html.metric_names(snap),
             metric=metric,
             chart_key=key,
             chart_source=chart_source,
             chart_png=self._chart_png,
-            util_html=render.utilization_html(snap),
-            checkpoints_html=render.checkpoints_html(snap),
-            failure_html=render.failure_html(snap),
+            util_html=snapshot_html.utilization_html(snap),
+            checkpoints_html=snapshot_html.checkpoints_html(snap),
+            failure_html=snapshot_html.failure_html(snap),
             log_ranks=log_ranks,
             log_rank=log_rank,
-            logs_html=render.logs_html(logs) if log_rank is not None else "",
+            logs_html=snapshot_html.logs_html(logs) if log_rank is not None else "",
             error=self._error,
             terminal=snap.state.terminal,
         )
@@ -651,7 +651,7 @@ class JobMonitor:
         self._failure_widget.layout.display = None if view.failure_html else "none"
         self._log_rank_select.layout.display = None if view.log_ranks else "none"
         self._logs_widget.value = view.logs_html
-        self._error_widget.value = render.error_html(view.error) if view.error else ""
+        self._error_widget.value = snapshot_html.error_html(view.error) if view.error else ""
         self._error_widget.layout.display = None if view.error else "none"
         if view.terminal:
             self._cancel_button.disabled = True
@@ -660,7 +660,7 @@ class JobMonitor:
             self._cancel_button.disabled = self._cancel_clicked
 
     def _text(self) -> str:
-        return render.render_text(
+        return snapshot_html.render_text(
             self._snapshot,
             name=self._name,
             total_steps=self.total_steps,

@@ -274,9 +274,6 @@ class SqliteStore:
         rows = self._read("SELECT id, created_at FROM tenants ORDER BY created_at, id")
         return [TenantInfo(id=r["id"], created_at=r["created_at"]) for r in rows]
 
-    def count_tokens(self) -> int:
-        return int(self._read("SELECT COUNT(*) FROM tokens WHERE revoked_at IS NULL")[0][0])
-
     # ---- bundles ------------------------------------------------------------------------
 
     def add_bundle(self, tenant: str, sha256: str, size: int, num_files: int, path: str) -> None:

@@ -434,7 +434,7 @@ def test_a_drawing_bug_is_shown_not_lost(make_monitor, monkeypatch) -> None:
         raise RuntimeError("kaboom")
 
     monitor, job = make_monitor()
-    monkeypatch.setattr(monitor_module.render, "utilization_html", broken)
+    monkeypatch.setattr(monitor_module.snapshot_html, "utilization_html", broken)
     job.start_running()
     error = find(monitor.widget, "air-error")
     wait_until(lambda: "kaboom" in error.value, "the drawing error")

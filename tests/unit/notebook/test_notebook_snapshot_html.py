@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from air_sdk.notebook import render
+from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import PNG_MAGIC, render_chart_png
-from air_sdk.notebook.render import render_html, render_text
+from air_sdk.notebook.snapshot_html import render_html, render_text
 from air_sdk.schema import Event, JobSnapshot, JobState
 
 JOB = "j-render"
@@ -207,16 +207,16 @@ def test_html_without_any_events_is_still_a_page() -> None:
 
 def test_throughput_from_per_step_counts_or_direct_rates() -> None:
     per_step = running(10, samples=32, tokens=4096).snapshot()  # 1 step/s
-    assert render.throughput(per_step) == [("samples/s", 32.0), ("tokens/s", 4096.0)]
+    assert snapshot_html.throughput(per_step) == [("samples/s", 32.0), ("tokens/s", 4096.0)]
     direct = running(10, tokens_per_s=5e4, tokens=4096).snapshot()
-    assert render.throughput(direct) == [("tokens/s", 5e4)]
-    assert render.throughput(JobSnapshot(job_id=JOB)) == []
+    assert snapshot_html.throughput(direct) == [("tokens/s", 5e4)]
+    assert snapshot_html.throughput(JobSnapshot(job_id=JOB)) == []
 
 
 def test_mfu_is_flops_times_rate_over_peak() -> None:
     snapshot = Log().step(0, ts=0.0, loss=1.0).step(20, ts=10.0, loss=0.5).snapshot()  # 2 steps/s
-    assert render.mfu(snapshot, 1e12, 1e13) == pytest.approx(0.2)
-    assert render.mfu(snapshot, None, 1e13) is None
+    assert snapshot_html.mfu(snapshot, 1e12, 1e13) == pytest.approx(0.2)
+    assert snapshot_html.mfu(snapshot, None, 1e13) is None
     page = render_html(snapshot, flops_per_step=1e12, peak_flops=1e13)
     assert "MFU 20.0%" in page
 
@@ -226,7 +226,7 @@ def test_mfu_is_flops_times_rate_over_peak() -> None:
     [(45.06, "45.1 steps/s"), (0.25, "4.0 s/step"), (None, ""), (0.0, "")],
 )
 def test_format_rate(rate: float | None, text: str) -> None:
-    assert render.format_rate(rate) == text
+    assert snapshot_html.format_rate(rate) == text
 
 
 @pytest.mark.parametrize(
@@ -234,20 +234,20 @@ def test_format_rate(rate: float | None, text: str) -> None:
     [(0, "0s"), (42, "42s"), (185, "3m 05s"), (3725, "1h 02m"), (2 * 86400 + 7200, "2d 02h")],
 )
 def test_format_duration(seconds: float, text: str) -> None:
-    assert render.format_duration(seconds) == text
+    assert snapshot_html.format_duration(seconds) == text
 
 
 def test_eta_only_while_running_with_a_rate_and_total() -> None:
     log = running(10)
-    assert render.eta_seconds(log.snapshot(), 100) == pytest.approx(90.0)
-    assert render.eta_seconds(log.snapshot(), None) is None
-    assert render.eta_seconds(log.state(JobState.SUCCEEDED).snapshot(), 100) is None
+    assert snapshot_html.eta_seconds(log.snapshot(), 100) == pytest.approx(90.0)
+    assert snapshot_html.eta_seconds(log.snapshot(), None) is None
+    assert snapshot_html.eta_seconds(log.state(JobState.SUCCEEDED).snapshot(), 100) is None
 
 
 def test_metric_names_put_loss_first() -> None:
     snapshot = running(3, lr=0.1, acc=0.5).snapshot()
-    assert render.metric_names(snapshot) == ["loss", "acc", "lr"]
-    assert render.default_metric(snapshot) == "loss"
+    assert snapshot_html.metric_names(snapshot) == ["loss", "acc", "lr"]
+    assert snapshot_html.default_metric(snapshot) == "loss"
 
 
 # -- text -------------------------------------------------------------------------
