@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the AIR job monitor needs ipywidgets: pip install 'air-runtime[notebook]'"
     ) from exc
 
+from air_sdk.client._http import retrying
 from air_sdk.errors import AuthError, JobTimeoutError, NotFoundError
 from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import render_chart_png
@@ -58,7 +59,8 @@ log = logging.getLogger(__name__)
 #: how long starting a monitor waits for the events that already exist, so the first
 #: display shows the job as it is (the fold goes on in the background after that)
 INITIAL_FOLD_WAIT_S = 1.0
-#: the first pause before following again after an error; it doubles up to the maximum
+#: the first pause (at most; jittered) before following again after an error; it doubles
+#: up to the maximum (the client's retry policy, `air_sdk.client._http.retrying`)
 FIRST_RETRY_BACKOFF_S = 1.0
 #: the longest pause between attempts to get the event stream back
 MAX_RETRY_BACKOFF_S = 30.0
@@ -73,6 +75,10 @@ _BAR_STYLES = {
 }
 #: errors that following again cannot fix
 _FINAL_ERRORS = (AuthError, NotFoundError)
+
+
+class _Stopped(Exception):
+    """The monitor was closed while it waited to follow again."""
 
 
 class MonitoredJob(Protocol):
@@ -418,10 +424,20 @@ class JobMonitor:
     # -- threads -----------------------------------------------------------------
 
     def _follow_loop(self) -> None:
-        backoff_s = FIRST_RETRY_BACKOFF_S
+        # The client's one retry policy, never giving up while the monitor is open: a
+        # gateway restart of minutes shows as an error in the widget, then heals.
+        policy = retrying(
+            None,
+            retry_on=(Exception,),
+            never_on=(*_FINAL_ERRORS, _Stopped),
+            multiplier_s=FIRST_RETRY_BACKOFF_S,
+            max_wait_s=MAX_RETRY_BACKOFF_S,
+            on_retry=self._on_retry,
+            sleep=self._sleep_unless_stopped,
+        )
         try:
-            while not self._stop.is_set():
-                try:
+            for attempt in policy:
+                with attempt:
                     if not self._folded.is_set():
                         self._initial_fold()
                     if self._snapshot.state.terminal:
@@ -432,27 +448,28 @@ class JobMonitor:
                             self._error = None
                             self._dirty = True
                             self._changed.notify_all()
-                        backoff_s = FIRST_RETRY_BACKOFF_S
                         if self._stop.is_set() or self._snapshot.state.terminal:
                             return
                     return  # follow() ends only with the job
-                except _FINAL_ERRORS as exc:
-                    self._set_error(f"stopped following job {self.job.id}: {exc}")
-                    return
-                except Exception as exc:
-                    log.debug("monitor of %s: follow failed", self.job.id, exc_info=True)
-                    self._set_error(
-                        f"lost the event stream ({type(exc).__name__}: {exc});"
-                        f" retrying in {backoff_s:.0f} s"
-                    )
-                    if self._stop.wait(backoff_s):
-                        return
-                    backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
+        except _FINAL_ERRORS as exc:
+            self._set_error(f"stopped following job {self.job.id}: {exc}")
+        except _Stopped:
+            pass
         finally:
             self._folded.set()
             with self._changed:
                 self._follow_done = True
                 self._changed.notify_all()
+
+    def _on_retry(self, exc: BaseException, wait_s: float) -> None:
+        log.debug("monitor of %s: follow failed", self.job.id, exc_info=exc)
+        self._set_error(
+            f"lost the event stream ({type(exc).__name__}: {exc}); retrying in {wait_s:.0f} s"
+        )
+
+    def _sleep_unless_stopped(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise _Stopped
 
     def _initial_fold(self) -> None:
         name: str | None = None
@@ -528,7 +545,9 @@ class JobMonitor:
         except Exception as exc:
             # A drawing bug must not end following, nor pass unseen.
             log.warning("monitor of %s: redraw failed", self.job.id, exc_info=True)
-            self._error_widget.value = snapshot_html.error_html(f"the monitor could not redraw: {exc!r}")
+            self._error_widget.value = snapshot_html.error_html(
+                f"the monitor could not redraw: {exc!r}"
+            )
             self._error_widget.layout.display = None
         finally:
             self._last_render = time.monotonic()
@@ -595,7 +614,9 @@ class JobMonitor:
 
         return _View(
             state_html=snapshot_html.badge_html(snap, name=self._name),
-            step_html=snapshot_html.escape(snapshot_html.progress_text(snap, total_steps=self.total_steps)),
+            step_html=snapshot_html.escape(
+                snapshot_html.progress_text(snap, total_steps=self.total_steps)
+            ),
             progress_max=progress_max,
             progress_value=progress_value,
             bar_style=_BAR_STYLES.get(snap.state, ""),
