@@ -524,7 +524,11 @@ def mock_session(
     """A `requests.Session` whose every request is answered by `handler`.
 
     Example:
-        >>> client = Client("http://gw", token="t", session=mock_session(handler))  # doctest: +SKIP
+        >>> from air_sdk.client import Client
+        >>> answer = mock_response(200, {"status": "ok", "version": "0.1.0"})
+        >>> client = Client("http://gw", token="t", session=mock_session(lambda r: answer))
+        >>> client.health().version
+        '0.1.0'
     """
     session = requests.Session()
     adapter = MockAdapter(handler)

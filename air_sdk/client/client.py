@@ -1,5 +1,7 @@
 """`Client`: talks to one gateway. Submits jobs and reads the cluster.
 
+Examples marked `+SKIP` need a running gateway (`air gateway start`).
+
 Example:
     >>> client = Client("http://127.0.0.1:8470", token="air_...")  # doctest: +SKIP
     >>> job = client.submit_script("train.py", nodes=2, args=["--epochs", "3"])  # doctest: +SKIP

@@ -4,6 +4,8 @@ Every read goes to the gateway (nothing here talks to workers): the event log is
 the single source of truth, and `follow()` resumes from the last sequence number
 it saw after a dropped connection.
 
+Examples marked `+SKIP` need a running gateway and a job on it.
+
 Example:
     >>> job = Client().job("j-3f2a")  # doctest: +SKIP
     >>> for event in job.follow():  # doctest: +SKIP

@@ -6,6 +6,8 @@ its `GatewayOptions` as JSON in `$AIR_GATEWAY_OPTIONS`; it records its pid and U
 in `<home>/gateway.json` and its admin token in `<home>/token`. Nothing here
 imports the server: `%air gateway start` and the CLI both come through here.
 
+Examples marked `+SKIP` start or stop real gateway processes.
+
 Example:
     >>> from air_sdk.gateway_config import GatewayOptions
     >>> proc = start_detached(GatewayOptions(port=8471, home=Path("/tmp/air")))  # doctest: +SKIP

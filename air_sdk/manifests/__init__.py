@@ -1,7 +1,8 @@
 """Manifests for other schedulers, rendered from a JobSpec: pure functions, no cluster.
 
->>> from air_sdk.manifests import render_trainjob
->>> render_trainjob(spec, image="ghcr.io/me/train:1")["kind"]  # doctest: +SKIP
+>>> from air_sdk.manifests import K8sOptions, render_trainjob
+>>> from air_sdk.schema import JobSpec
+>>> render_trainjob(JobSpec(entrypoint="train.py"), K8sOptions(image="ghcr.io/me/train:1"))["kind"]
 'TrainJob'
 """
 

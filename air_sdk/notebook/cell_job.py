@@ -3,6 +3,8 @@
 What `%%air train` calls (the magic only parses its line); usable without IPython
 too, with any namespace dict.
 
+Examples marked `+SKIP` need a running gateway (and a notebook's namespace).
+
 Example:
     >>> job = submit_cell(Client(), "print(lr)", {"lr": 0.1}, nodes=2)  # doctest: +SKIP
     >>> wait_for_end(job)  # doctest: +SKIP

@@ -41,9 +41,13 @@ def job_status_text(record: JobRecord) -> str:
     """State, size, attempt and (for a failure) which rank failed, how, and its last lines.
 
     Example:
-        >>> print(job_status_text(record))  # doctest: +SKIP
-        job j-1 (cell): FAILED - rank 1 exit code 3
-          2 node(s) x 1 rank(s); attempt 1, 0 restart(s)
+        >>> from air_sdk.schema import JobRecord, JobSpec, JobState
+        >>> record = JobRecord(id="j-1", tenant="t", name="cell", state=JobState.QUEUED,
+        ...                    spec=JobSpec(code="pass", resources={"nodes": 2}),
+        ...                    created_at=0, updated_at=0)
+        >>> print(job_status_text(record))
+        job j-1 (cell): QUEUED
+          2 node(s) x 1 rank(s); attempt 0, 0 restart(s)
     """
     resources = record.spec.resources
     lines = [
@@ -99,7 +103,11 @@ class JobsTable:
     """`%air jobs`: an HTML table in the notebook, plain text elsewhere.
 
     Example:
-        >>> print(repr(JobsTable([record])))  # doctest: +SKIP
+        >>> from air_sdk.schema import JobRecord, JobSpec, JobState
+        >>> record = JobRecord(id="j-1", tenant="t", name="cell", state=JobState.QUEUED,
+        ...                    spec=JobSpec(code="pass", resources={"nodes": 2}),
+        ...                    created_at=0, updated_at=0)
+        >>> print(repr(JobsTable([record], now=75)))
         ID   NAME  STATE   NODES x RANKS  ATTEMPT  AGE
         j-1  cell  QUEUED  2 x 1          0        1m
     """

@@ -567,8 +567,11 @@ class SqliteStore:
         """Append one event (its type follows from the payload's model); returns its seq.
 
         Example:
-            >>> store.append_event(job.id, Alert(kind="straggler", rank=3), rank=3)  # doctest: +SKIP
-            7
+            >>> from air_sdk.schema import Alert
+            >>> store = SqliteStore(":memory:")
+            >>> job, _ = store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
+            >>> store.append_event(job.id, Alert(kind="straggler", rank=3), rank=3)
+            2
         """
         with self._tx() as c:
             return self._append(c, job_id, payload, attempt=attempt, rank=rank)
