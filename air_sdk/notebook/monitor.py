@@ -34,7 +34,6 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 try:
@@ -48,9 +47,9 @@ from air_sdk.client._http import retrying
 from air_sdk.errors import AuthError, JobTimeoutError, NotFoundError
 from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import render_chart_png
+from air_sdk.notebook.monitor_view import MonitorView, chart_key_of, chosen_metric, monitor_view
 from air_sdk.schema.events import Event
 from air_sdk.schema.snapshot import JobSnapshot
-from air_sdk.schema.state import JobState
 
 __all__ = ["JobMonitor", "MonitoredJob"]
 
@@ -67,12 +66,6 @@ MAX_RETRY_BACKOFF_S = 30.0
 CHART_WIDTH_PX = 640
 CHART_HEIGHT_PX = 240
 
-_BAR_STYLES = {
-    JobState.SUCCEEDED: "success",
-    JobState.FAILED: "danger",
-    JobState.RESTARTING: "warning",
-    JobState.CANCELLED: "warning",
-}
 #: errors that following again cannot fix
 _FINAL_ERRORS = (AuthError, NotFoundError)
 
@@ -93,33 +86,6 @@ class MonitoredJob(Protocol):
     def cancel(self) -> Any: ...
 
     def record(self) -> Any: ...
-
-
-@dataclass
-class _View:
-    """Every widget value of one redraw, computed from the snapshot under the lock."""
-
-    state_html: str
-    step_html: str
-    progress_max: int
-    progress_value: int
-    bar_style: str
-    progress_shown: bool
-    metrics_html: str
-    metric_options: list[str]
-    metric: str | None
-    chart_key: tuple[Any, ...]
-    #: a copy of what the chart needs when its series changed since the last drawing
-    chart_source: JobSnapshot | None
-    chart_png: bytes | None
-    util_html: str
-    checkpoints_html: str
-    failure_html: str
-    log_ranks: list[int]
-    log_rank: int | None
-    logs_html: str
-    error: str | None
-    terminal: bool
 
 
 class JobMonitor:
@@ -553,95 +519,31 @@ class JobMonitor:
             self._last_render = time.monotonic()
             self.num_renders += 1
 
-    def _chart_key_of(self, snap: JobSnapshot, metric: str | None) -> tuple[Any, ...]:
-        points = snap.series.get(metric, []) if metric else []
-        return (
-            metric,
-            len(points),
-            points[0] if points else None,
-            points[-1] if points else None,
-            tuple(snap.restarts_at_step),
-            len(snap.checkpoints),
-        )
-
     def _current_chart_png(self) -> bytes | None:
-        metric = self._chosen_metric(self._snapshot)
+        metric = chosen_metric(self._snapshot, self._metric)
         if metric is None:
             return None
-        if self._chart_key == self._chart_key_of(self._snapshot, metric):
+        if self._chart_key == chart_key_of(self._snapshot, metric):
             return self._chart_png
         return render_chart_png(
             self._snapshot, metric, width_px=CHART_WIDTH_PX, height_px=CHART_HEIGHT_PX
         )
 
-    def _chosen_metric(self, snap: JobSnapshot) -> str | None:
-        if self._metric is not None and self._metric in snap.series:
-            return self._metric
-        return snapshot_html.default_metric(snap)
-
-    def _view(self) -> _View:
-        snap = self._snapshot
-        total = snapshot_html.resolve_total_steps(snap, self.total_steps)
-        progress_max = total or 1
-        if snap.state is JobState.SUCCEEDED:
-            progress_value = progress_max  # done is done, whatever the last logged step
-        elif total is not None:
-            progress_value = min(snap.step or 0, total)
-        else:
-            progress_value = 0
-
-        metric = self._chosen_metric(snap)
-        key = self._chart_key_of(snap, metric)
-        chart_source = None
-        if key != self._chart_key:
-            points = list(snap.series.get(metric, [])) if metric is not None else []
-            chart_source = snap.model_copy(
-                update={
-                    "series": {metric: points} if metric is not None else {},
-                    "restarts_at_step": list(snap.restarts_at_step),
-                    "checkpoints": list(snap.checkpoints),
-                }
-            )
-
-        log_ranks = sorted(snap.log_tail)
-        failing_rank = snap.failure.rank if snap.failure is not None else None
-        log_rank: int | None = log_ranks[0] if log_ranks else None
-        if self._log_rank is not None and self._log_rank in snap.log_tail:
-            log_rank = self._log_rank
-        elif failing_rank is not None and failing_rank in snap.log_tail:
-            log_rank = failing_rank  # what a user looks at first after a failure
-        logs = snap.log_tail.get(log_rank, []) if log_rank is not None else []
-
-        return _View(
-            state_html=snapshot_html.badge_html(snap, name=self._name),
-            step_html=snapshot_html.escape(
-                snapshot_html.progress_text(snap, total_steps=self.total_steps)
-            ),
-            progress_max=progress_max,
-            progress_value=progress_value,
-            bar_style=_BAR_STYLES.get(snap.state, ""),
-            # Without a total an empty bar would read "0% done": the step label and
-            # the rate carry the progress until the job has succeeded.
-            progress_shown=total is not None or snap.state is JobState.SUCCEEDED,
-            metrics_html=snapshot_html.metrics_html(
-                snap, flops_per_step=self.flops_per_step, peak_flops=self.peak_flops
-            ),
-            metric_options=snapshot_html.metric_names(snap),
-            metric=metric,
-            chart_key=key,
-            chart_source=chart_source,
+    def _view(self) -> MonitorView:
+        return monitor_view(
+            self._snapshot,
+            name=self._name,
+            total_steps=self.total_steps,
+            flops_per_step=self.flops_per_step,
+            peak_flops=self.peak_flops,
+            picked_metric=self._metric,
+            picked_log_rank=self._log_rank,
+            drawn_chart_key=self._chart_key,
             chart_png=self._chart_png,
-            util_html=snapshot_html.utilization_html(snap),
-            checkpoints_html=snapshot_html.checkpoints_html(snap),
-            failure_html=snapshot_html.failure_html(snap),
-            log_ranks=log_ranks,
-            log_rank=log_rank,
-            logs_html=snapshot_html.logs_html(logs) if log_rank is not None else "",
             error=self._error,
-            terminal=snap.state.terminal,
         )
 
-    def _apply(self, view: _View) -> None:
+    def _apply(self, view: MonitorView) -> None:
         # Assigning an unchanged value sends nothing to the browser (traitlets compares).
         self._state_widget.value = view.state_html
         self._step_widget.value = view.step_html
