@@ -4,7 +4,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.air-installed
 
-.PHONY: demo test test-quick browser-deps lint clean
+.PHONY: demo test test-quick check lint typecheck doctest browser-deps clean
+
+#: the code `ruff` checks and formats
+LINT_PATHS := air_sdk magics tests benchmarks
+#: modules whose docstring examples run as doctests: the pure ones (no server, no torch,
+#: no widgets). Examples that need a running gateway are marked `+SKIP` and say so.
+DOCTEST_PATHS := air_sdk/schema air_sdk/scheduler air_sdk/bundle air_sdk/client \
+	air_sdk/manifests air_sdk/store air_sdk/errors.py air_sdk/redact.py air_sdk/config.py \
+	air_sdk/gateway_config.py air_sdk/gateway/options.py air_sdk/runner/policy.py \
+	air_sdk/runner/backends/ray_rules.py air_sdk/notebook/snapshot_html.py \
+	air_sdk/notebook/job_views.py air_sdk/notebook/monitor_view.py air_sdk/cli/_common.py \
+	air_sdk/cli/job_flags.py \
+	air_sdk/cli/terminal_views.py
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +31,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/air demo
 
-## The whole suite (unit + integration with real gloo workers, notebooks under nbval,
-## JupyterLab driven by a real chromium).
-test: $(STAMP) browser-deps
+## The whole suite: lint, types and doctests first (fast), then unit + integration with
+## real gloo workers, notebooks under nbval, JupyterLab driven by a real chromium.
+test: $(STAMP) browser-deps check
 	$(PY) -m pytest -q
+
+## What a reviewer runs before anything else: ruff, mypy and the docstring examples.
+check: lint typecheck doctest
 
 ## Debian's chromium for the browser tests (Playwright drives it; never `playwright install`).
 ## A no-op when /usr/bin/chromium is there; sudo only when not root.
@@ -36,13 +51,21 @@ browser-deps:
 		test -x /usr/bin/chromium; \
 	fi
 
-## The fast subset for development: no multi-process jobs.
-test-quick: $(STAMP)
+## The fast subset for development: lint, doctests and the tests without multi-process
+## jobs (`make typecheck` for mypy; its cache makes a second run quick).
+test-quick: $(STAMP) lint doctest
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check air_sdk magics tests benchmarks
-	$(VENV)/bin/ruff format --check air_sdk magics tests benchmarks
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
+## mypy on air_sdk and magics; strict on schema, scheduler and client (pyproject.toml).
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy air_sdk magics
+
+doctest: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules $(DOCTEST_PATHS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -391,7 +391,7 @@ def history_check(sizes: tuple[int, ...] = (100_000, 1_000_000, 3_000_000)) -> l
     as the report route does, then times `read_events(types=(RANK_EXIT,), attempt=n)`,
     the query `JobController._rank_exits` runs every runner tick (0.1 s).
     """
-    from air_sdk.schema import EventType, JobSpec, Placement
+    from air_sdk.schema import EventType, JobSpec, MetricPoint, MetricsBatch, Placement
     from air_sdk.store import SqliteStore
 
     tmp = Path(tempfile.mkdtemp(prefix="air-bench-history-"))
@@ -401,19 +401,16 @@ def history_check(sizes: tuple[int, ...] = (100_000, 1_000_000, 3_000_000)) -> l
         job, _ = store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
         placement = Placement(job_id=job.id, nodes=({"node": "node-0", "slots": 1},))
         attempt, _token = store.start_attempt(job.id, placement)
-        data = json.dumps(
-            {
-                "points": [
-                    {"step": i, "ts": 0.0, "values": {"loss": 0.1, "acc": 0.9, "lr": 3e-4}}
-                    for i in range(100)
-                ],
-                "dropped_points": 0,
-            }
+        data = MetricsBatch(
+            points=[
+                MetricPoint(step=i, ts=0.0, values={"loss": 0.1, "acc": 0.9, "lr": 3e-4})
+                for i in range(100)
+            ]
         )
         num_points = 0
         for size in sizes:
             while num_points < size:
-                store.append_worker_events(job.id, attempt, 0, [(EventType.METRICS, data)] * 100, 1)
+                store.append_worker_events(job.id, attempt, 0, [data] * 100, 1)
                 num_points += 100 * 100
             t = time.perf_counter()
             for _ in range(5):

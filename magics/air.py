@@ -11,17 +11,20 @@ returns at once with the live monitor displayed, so the kernel stays free and
 the monitor's Cancel button works; `--wait` blocks until the job ends. The job
 is stored as `_air_job` in the notebook. Every call to the gateway goes through
 `make_client` (tests replace it); the monitor is shown by `show_monitor`.
+
+Thin by design: the job flags are made from the one declaration of job options
+(`air_sdk.client.options`); what `train` does is `air_sdk.notebook.cell_job`,
+what the line magics print is `air_sdk.notebook.job_views`, and `gateway start`
+goes through `air_sdk.client.local_gateway` (this module never imports the gateway).
 """
 
 from __future__ import annotations
 
 import argparse
-import html
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -29,36 +32,26 @@ from IPython.core.magic_arguments import argument, argument_group, magic_argumen
 from IPython.display import display
 from IPython.utils.process import arg_split
 
-from air_sdk.errors import AirError, JobFailedError, SpecError, TransportError
+from air_sdk.client.options import JOB_OPTIONS, JobOption
+from air_sdk.errors import AirError, SpecError
+from air_sdk.notebook.job_views import JobsTable, gateway_status_text, job_status_text
 from air_sdk.schema.state import JobState
 
 if TYPE_CHECKING:
     from air_sdk.client import Client, Job
-    from air_sdk.schema.api import JobRecord
 
 __all__ = ["AirMagics", "make_client", "show_monitor"]
 
 COMMANDS = ("train", "gateway", "jobs", "status", "logs", "cancel", "attach")
 GATEWAY_ACTIONS = ("start", "stop", "status")
-#: the job name when --name is not given
-DEFAULT_JOB_NAME = "cell"
 #: the name `%%air train` and `%air attach` bind the job to in the notebook
 JOB_VARIABLE = "_air_job"
 DEFAULT_VIRTUAL_NODES = 2
 
-# option dest -> the commands it applies to
+# option dest -> the commands it applies to (every job option: `train`)
 _OPTION_COMMANDS: dict[str, tuple[str, ...]] = {
-    "procs_per_node": ("train",),
-    "gpus_per_node": ("train",),
-    "name": ("train",),
-    "max_restarts": ("train",),
-    "checkpoint_every": ("train",),
-    "pool": ("train",),
-    "priority": ("train",),
-    "accelerator": ("train",),
-    "env": ("train",),
+    **{option.name: ("train",) for option in JOB_OPTIONS},
     "files": ("train",),
-    "workdir": ("train",),
     "max_value_mib": ("train",),
     "wait": ("train",),
     "total_steps": ("train", "attach"),
@@ -133,6 +126,44 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: what the magic adds to an option's declared help
+_MAGIC_NOTES = {
+    "nodes": "With `gateway start`: virtual nodes to split this machine into (default 2).",
+}
+
+
+def _job_option_kwargs(option: JobOption) -> dict[str, Any]:
+    """argparse keywords of one declared job option (air_sdk/client/options.py).
+
+    Every default is None, so `_check_applicable` can tell a given option."""
+    info = option.info
+    help_text = info.help
+    if info.default is not None:
+        help_text += f" (default {info.default})"
+    note = _MAGIC_NOTES.get(option.name)
+    if note:
+        help_text += f" {note}"
+    kwargs: dict[str, Any] = {"help": help_text, "default": None}
+    if info.metavar:
+        kwargs["metavar"] = info.metavar
+    if option.choices:
+        kwargs["choices"] = option.choices
+    elif option.is_mapping:
+        kwargs.update(type=_env_pair, action="append")
+    elif option.type is int:
+        kwargs["type"] = _count(info.minimum if info.minimum is not None else -(2**63))
+    return kwargs
+
+
+def _job_option_arguments(func: _F) -> _F:
+    """One `@argument` per declared job option, in declaration order."""
+    for option in reversed(JOB_OPTIONS):  # construct_parser reads them last-applied first
+        func = argument(*option.flags, **_job_option_kwargs(option))(func)
+    return func
+
+
 @magics_class
 class AirMagics(Magics):
     """The `%air` / `%%air` magics; registered by `%load_ext air_sdk` (or `magics`).
@@ -156,69 +187,13 @@ class AirMagics(Magics):
         help="Gateway URL (default: $AIR_GATEWAY_URL or ~/.config/air/config.toml; the token comes from $AIR_TOKEN or that file).",
     )
     @argument_group("%%air train")
-    @argument(
-        "--nodes",
-        "-n",
-        type=_count(1),
-        metavar="N",
-        help="Nodes, gang-scheduled (default 1). With `gateway start`: virtual nodes to split this machine into (default 2).",
-    )
-    @argument("--procs-per-node", type=_count(1), metavar="N", help="Ranks per node (default 1).")
-    @argument(
-        "--gpus-per-node",
-        type=_count(0),
-        metavar="N",
-        help="GPUs per node, one rank each (default 0: CPU).",
-    )
-    @argument(
-        "--name",
-        metavar="NAME",
-        help=f"Job name, 1-63 of [A-Za-z0-9._-] (default {DEFAULT_JOB_NAME!r}).",
-    )
-    @argument(
-        "--max-restarts",
-        type=_count(0),
-        metavar="N",
-        help="Relaunches after a failure, from the last checkpoint (default 0).",
-    )
-    @argument(
-        "--checkpoint-every",
-        type=_count(1),
-        metavar="STEPS",
-        help="Checkpoint interval handed to the runtime (spec.checkpoint.every_steps).",
-    )
-    @argument(
-        "--pool",
-        metavar="POOL",
-        help="Node pool to run in (default 'default'; 'any': the scheduler chooses).",
-    )
-    @argument(
-        "--priority",
-        choices=("low", "normal", "high"),
-        help="Priority class (default normal); high may preempt lower-priority jobs.",
-    )
-    @argument(
-        "--accelerator", metavar="TYPE", help="Accelerator type: a100, h100, cpu; gpu for any GPU."
-    )
-    @argument(
-        "--env",
-        "-e",
-        type=_env_pair,
-        action="append",
-        metavar="KEY=VALUE",
-        help="Env var for every rank; repeat for more. Nothing else from the notebook's environment travels.",
-    )
+    @_job_option_arguments
     @argument(
         "--files",
         nargs="+",
         action="extend",
         metavar="PATH",
         help="Extra files or directories to send (relative to the working directory; those outside it land at the top of the bundle).",
-    )
-    @argument(
-        "--workdir",
-        metavar="DIR",
-        help="Directory to send with the cell (default: the working directory; .gitignore/.airignore respected).",
     )
     @argument(
         "--max-value-mib",
@@ -289,9 +264,9 @@ class AirMagics(Magics):
             elif args.command == "gateway":
                 self._gateway(args)
             elif args.command == "jobs":
-                _show_jobs(make_client(args.gateway).jobs(limit=args.limit or 20))
+                display(JobsTable(make_client(args.gateway).jobs(limit=args.limit or 20)))
             elif args.command == "status":
-                print(_status_text(make_client(args.gateway).job_record(args.args[0])))
+                print(job_status_text(make_client(args.gateway).job_record(args.args[0])))
             elif args.command == "logs":
                 self._logs(args)
             elif args.command == "cancel":
@@ -312,42 +287,33 @@ class AirMagics(Magics):
     # -- commands ------------------------------------------------------------------------
 
     def _train(self, args: argparse.Namespace, cell: str) -> None:
-        from air_sdk.client.client import job_spec
-        from air_sdk.notebook.capture import DEFAULT_MAX_VALUE_BYTES, collect_files, package_cell
+        from air_sdk.notebook.capture import CellCaptureError
+        from air_sdk.notebook.cell_job import submit_cell, wait_for_end
 
-        if not cell.strip():
-            raise UsageError("the cell is empty: write the training code below `%%air train`")
-        fields = _spec_fields(args)
+        options = {option.name: getattr(args, option.name) for option in JOB_OPTIONS}
+        if options["env"] is not None:
+            options["env"] = dict(options["env"])
         try:
-            job_spec(code="pass", **fields)  # bad options fail before any packaging
+            job = submit_cell(
+                make_client(args.gateway),
+                cell,
+                self._user_ns,
+                files=args.files or (),
+                max_value_bytes=args.max_value_mib << 20 if args.max_value_mib else None,
+                **options,
+            )
+        except CellCaptureError:
+            raise  # a value of the notebook that cannot travel: its own one-line message
         except SpecError as exc:
             raise UsageError(f"{exc}\nchange the %%air train options") from None
-        workdir = Path(args.workdir).expanduser() if args.workdir else Path.cwd()
-        if not workdir.is_dir():
-            raise UsageError(f"--workdir {args.workdir}: not a directory")
-        max_value = args.max_value_mib << 20 if args.max_value_mib else DEFAULT_MAX_VALUE_BYTES
-        package = package_cell(cell, self._user_ns, max_value_bytes=max_value)
-        extra = collect_files(args.files or (), Path.cwd())
-        clash = sorted(set(extra) & set(package.files))
-        if clash:
-            raise UsageError(f"--files: {clash[0]} is a name AIR uses for the cell; rename it")
-        spec = job_spec(code=package.code, **fields)
-        job = make_client(args.gateway).submit(
-            spec, workdir=workdir, extra_files={**extra, **package.files}
-        )
         self._user_ns[JOB_VARIABLE] = job
         show_monitor(job, **_monitor_options(args))
         if args.wait:
-            _wait(job)
+            wait_for_end(job)
 
     def _gateway(self, args: argparse.Namespace) -> None:
-        from air_sdk.config import air_home, default_gateway_port, write_client_config
-        from air_sdk.gateway.server import (
-            GatewayOptions,
-            running_gateway,
-            start_detached,
-            stop_detached,
-        )
+        from air_sdk.client import local_gateway
+        from air_sdk.config import air_home, default_gateway_port
 
         action = args.args[0]
         if action not in GATEWAY_ACTIONS:
@@ -355,46 +321,45 @@ class AirMagics(Magics):
                 f"%air gateway {action}: unknown action; use one of {', '.join(GATEWAY_ACTIONS)}"
             )
         home = Path(args.home).expanduser() if args.home else air_home()
-        running = running_gateway(home)
         if action == "stop":
-            if stop_detached(home):
+            running = local_gateway.running_gateway(home)
+            if local_gateway.stop_detached(home):
                 print(f"stopped the gateway (pid {running.pid if running else '?'}) of {home}")
             else:
                 print(f"no gateway is running from {home}")
             return
         if action == "status":
+            running = local_gateway.running_gateway(home)
             if running is not None:
                 client = make_client(running.url, running.token or None, max_attempts=1)
             else:
                 client = make_client(args.gateway, max_attempts=1)
-            print(_gateway_status(client, running.pid if running else None))
+            print(gateway_status_text(client, running.pid if running else None))
             return
-        if running is not None:
-            write_client_config(running.url, running.token)
-            print(
-                f"a gateway already runs at {running.url} (pid {running.pid}, home {home});"
-                " reusing it. Client() and %%air train use it."
-            )
-            return
-        opts = GatewayOptions(
-            port=args.port or default_gateway_port(),
+        gw = local_gateway.ensure_local_gateway(
+            _answers,
             home=home,
+            port=args.port or default_gateway_port(),
             num_nodes=args.nodes or DEFAULT_VIRTUAL_NODES,
             slots_per_node=args.slots_per_node,
         )
-        if _answers(opts.url):
+        if gw.how == "running" and gw.process is not None:
             print(
-                f"a gateway already answers at {opts.url} (not started from {home}); reusing it."
+                f"a gateway already runs at {gw.url} (pid {gw.process.pid}, home {home});"
+                " reusing it. Client() and %%air train use it."
+            )
+        elif gw.how == "answering":
+            print(
+                f"a gateway already answers at {gw.url} (not started from {home}); reusing it."
                 " If Client() cannot authenticate, set AIR_TOKEN or use --port for a new one."
             )
-            return
-        process = start_detached(opts)
-        write_client_config(process.url, process.token)
-        print(
-            f"gateway running at {process.url} (pid {process.pid}, {opts.num_nodes} virtual"
-            f" nodes; home {home}; log {process.log_path}). It outlives this kernel;"
-            " stop it with %air gateway stop."
-        )
+        elif gw.process is not None:
+            print(
+                f"gateway running at {gw.url} (pid {gw.process.pid},"
+                f" {args.nodes or DEFAULT_VIRTUAL_NODES} virtual nodes; home {home};"
+                f" log {gw.process.log_path}). It outlives this kernel;"
+                " stop it with %air gateway stop."
+            )
 
     def _logs(self, args: argparse.Namespace) -> None:
         from air_sdk.client import Job
@@ -459,43 +424,8 @@ def _check_applicable(args: argparse.Namespace, cell: str | None) -> None:
         raise UsageError(f"`%air {command}` needs {_ARG_HINT[command]}")
 
 
-def _spec_fields(args: argparse.Namespace) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "name": args.name or DEFAULT_JOB_NAME,
-        "env": dict(args.env or ()),
-        "resources": {
-            "nodes": args.nodes or 1,
-            "procs_per_node": args.procs_per_node or 1,
-            "gpus_per_node": args.gpus_per_node or 0,
-        },
-        "max_restarts": args.max_restarts or 0,
-        "pool": args.pool or "default",
-        "priority": args.priority or "normal",
-    }
-    if args.accelerator:
-        fields["accelerator"] = args.accelerator
-    if args.checkpoint_every is not None:
-        fields["checkpoint"] = {"every_steps": args.checkpoint_every}
-    return fields
-
-
 def _monitor_options(args: argparse.Namespace) -> dict[str, Any]:
     return {} if args.total_steps is None else {"total_steps": args.total_steps}
-
-
-def _wait(job: Job) -> None:
-    try:
-        record = job.wait()
-    except KeyboardInterrupt:
-        print(
-            f"stopped waiting; job {job.id} keeps running (%air attach {job.id} to watch it,"
-            f" %air cancel {job.id} to stop it)"
-        )
-        return
-    print(_status_text(record))
-    if record.state is JobState.FAILED:
-        failed = JobFailedError(job.id, record.state_reason or "see %air logs " + job.id)
-        raise failed
 
 
 def _answers(url: str) -> bool:
@@ -504,100 +434,3 @@ def _answers(url: str) -> bool:
     except AirError:
         return False
     return True
-
-
-def _gateway_status(client: Client, pid: int | None) -> str:
-    try:
-        health = client.health()
-    except TransportError:
-        return f"no gateway at {client.gateway_url}; start one with %air gateway start"
-    lines = [
-        f"gateway {client.gateway_url} is up (version {health.version}"
-        + (f", pid {pid})" if pid else ")")
-    ]
-    try:
-        inventory = client.inventory()
-    except AirError as exc:
-        lines.append(f"  cannot list nodes: {exc}")
-        return "\n".join(lines)
-    for node in inventory.nodes:
-        gpus = f", {len(node.gpus)} GPUs" if node.gpus else ""
-        jobs = f"  jobs: {', '.join(node.jobs)}" if node.jobs else ""
-        health_note = "" if node.healthy else " (unhealthy)"
-        lines.append(
-            f"  {node.name}: {node.used_slots}/{node.slots} slots{gpus}{health_note}{jobs}"
-        )
-    return "\n".join(lines)
-
-
-def _age(seconds: float) -> str:
-    seconds = max(seconds, 0)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
-def _status_text(record: JobRecord) -> str:
-    resources = record.spec.resources
-    lines = [
-        f"job {record.id} ({record.name}): {record.state.value}"
-        + (f" - {record.state_reason}" if record.state_reason else ""),
-        f"  {resources.nodes} node(s) x {resources.ranks_per_node} rank(s); attempt"
-        f" {record.attempt}, {record.num_restarts} restart(s)",
-    ]
-    failure = record.failure
-    if failure is not None:
-        how = ""
-        if failure.rank is not None:
-            how = f" rank {failure.rank} " + (
-                f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
-            )
-        lines.append(f"  failed (attempt {failure.attempt}):{how}: {failure.reason}")
-        lines.extend(f"    {text}" for text in failure.log_tail[-10:])
-    return "\n".join(lines)
-
-
-class _JobsTable:
-    """`%air jobs`: an HTML table in the notebook, plain text elsewhere."""
-
-    COLUMNS = ("ID", "NAME", "STATE", "NODES x RANKS", "ATTEMPT", "AGE")
-
-    def __init__(self, records: Sequence[JobRecord]) -> None:
-        now = time.time()
-        self.rows = [
-            (
-                r.id,
-                r.name,
-                r.state.value,
-                f"{r.spec.resources.nodes} x {r.spec.resources.ranks_per_node}",
-                str(r.attempt),
-                _age(now - r.created_at),
-            )
-            for r in records
-        ]
-
-    def __repr__(self) -> str:
-        if not self.rows:
-            return "no jobs"
-        widths = [max(len(row[i]) for row in [self.COLUMNS, *self.rows]) for i in range(6)]
-        return "\n".join(
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in [self.COLUMNS, *self.rows]
-        )
-
-    def _repr_html_(self) -> str:
-        if not self.rows:
-            return "<p>no jobs</p>"
-        head = "".join(f"<th>{c}</th>" for c in self.COLUMNS)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
-            for row in self.rows
-        )
-        return (
-            f'<table class="air-jobs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-        )
-
-
-def _show_jobs(records: Sequence[JobRecord]) -> None:
-    display(_JobsTable(records))

@@ -1,11 +1,15 @@
 """Packaging and safe unpacking of job code.
 
 Example:
+    >>> import tempfile
+    >>> from pathlib import Path
     >>> from air_sdk.bundle import pack_directory, unpack_bundle
-    >>> bundle = pack_directory(Path("my_project"))  # doctest: +SKIP
-    >>> unpack_bundle(bundle.data, Path("/tmp/job-code"),
-    ...               expected_sha256=bundle.sha256)  # doctest: +SKIP
-    3
+    >>> project = Path(tempfile.mkdtemp())
+    >>> _ = (project / "train.py").write_text("print('hi')")
+    >>> bundle = pack_directory(project)
+    >>> unpack_bundle(bundle.data, Path(tempfile.mkdtemp()) / "code",
+    ...               expected_sha256=bundle.sha256)
+    1
 """
 
 from __future__ import annotations

@@ -79,9 +79,12 @@ def unpack_bundle(
             `dest`, hard links, devices, fifos, setuid/setgid/sticky bits.
 
     Example:
-        >>> unpack_bundle(bundle.data, Path("/srv/air/jobs/j1/code"),
-        ...               expected_sha256=bundle.sha256)  # doctest: +SKIP
-        3
+        >>> import tempfile
+        >>> from air_sdk.bundle import pack_directory
+        >>> bundle = pack_directory(Path(tempfile.mkdtemp()), extra_files={"t.py": b"x = 1"})
+        >>> unpack_bundle(bundle.data, Path(tempfile.mkdtemp()) / "code",
+        ...               expected_sha256=bundle.sha256)
+        1
     """
     dest = Path(dest)
     _check_dest(dest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -92,6 +93,16 @@ def parse_env(values: Sequence[str] | None) -> dict[str, str]:
             )
         env[key.strip()] = value
     return env
+
+
+def choices_enum(name: str, choices: Sequence[str]) -> type[Enum]:
+    """A str Enum of `choices`, for typer (which lists them in --help and checks them).
+
+    Example:
+        >>> [p.value for p in choices_enum("Priority", ["low", "high"])]
+        ['low', 'high']
+    """
+    return Enum(name, {c: c for c in choices}, type=str)  # type: ignore[return-value]
 
 
 def echo_json(data: Any) -> None:

@@ -45,7 +45,7 @@ def run_demo(make_client: ClientFactory, *, gateway: str | None, nodes: int, ste
         >>> run_demo(make_client, gateway=None, nodes=2, steps=200)  # doctest: +SKIP
         0
     """
-    from air_sdk.cli.render import follow_to_end
+    from air_sdk.cli.terminal_views import follow_to_end
 
     client, started_home = _connect(make_client, gateway, nodes)
     job = None

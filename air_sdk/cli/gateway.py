@@ -1,20 +1,39 @@
 """`air gateway start|stop|status`: the embedded gateway on this machine.
 
-The server code (`air_sdk.gateway.server`) is imported inside each command, so
+`air gateway start` has one flag per `GatewayOptions` field (air_sdk/gateway_config.py),
+made here from the model: a new field is a new flag with nothing to add. The
+server code (`air_sdk.gateway.server`) is imported inside each command, so
 `air --help` stays fast and nothing else in the CLI pulls in FastAPI or torch.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import typer
+from annotated_types import Ge, Le
+from pydantic import ValidationError
 
-from air_sdk.cli._common import EXIT_FAILED, GatewayOption, console, handle_errors
-from air_sdk.config import DEFAULT_PORT, air_home
+from air_sdk.cli._common import (
+    EXIT_FAILED,
+    GatewayOption,
+    choices_enum,
+    console,
+    handle_errors,
+)
+from air_sdk.client.client import format_validation_error
+from air_sdk.config import air_home
+from air_sdk.errors import ConfigError
+from air_sdk.gateway_config import GatewayOptions
 
 __all__ = ["gateway_app"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 gateway_app = typer.Typer(
     help="Run the embedded gateway (scheduler + resilient runner) on this machine.",
@@ -32,101 +51,98 @@ HomeOption = Annotated[
 ]
 
 
+def _flag_parameter(name: str) -> inspect.Parameter | None:
+    """The typer parameter of one `GatewayOptions` field (None for a hidden one).
+
+    Every default is None: a flag left out keeps the model's default, or its
+    `AIR_GATEWAY_*` env var; help shows the model's default.
+    """
+    field = GatewayOptions.model_fields[name]
+    flag = GatewayOptions.flag_of(name)
+    if flag.hidden:
+        return None
+    kwargs: dict[str, Any] = {"help": field.description, "show_default": False}
+    if flag.metavar:
+        kwargs["metavar"] = flag.metavar
+    hint: Any = field.annotation
+    members = [a for a in get_args(hint) if a is not type(None)]
+    if type(None) in get_args(hint) and len(members) == 1:
+        hint = members[0]
+    default: Any = None
+    if hint is bool:
+        annotation: Any = bool  # an on-switch; off is the default
+        default = False
+    elif get_origin(hint) is tuple:
+        annotation = list[str] | None  # repeat the flag
+    elif get_origin(hint) is Literal:
+        annotation = choices_enum(name.title().replace("_", ""), get_args(hint))
+        kwargs["show_default"] = str(field.default)
+    else:
+        annotation = hint | None
+        if field.default is not None and not field.default_factory:
+            kwargs["show_default"] = str(field.default)
+        for rule in field.metadata:
+            if isinstance(rule, Ge):
+                kwargs["min"] = rule.ge
+            elif isinstance(rule, Le):
+                kwargs["max"] = rule.le
+    if flag.must_exist:
+        kwargs.update(exists=True, dir_okay=False)
+    names = (flag.name or "--" + name.replace("_", "-"),)
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=default,
+        annotation=Annotated[annotation, typer.Option(*names, **kwargs)],
+    )
+
+
+def _with_gateway_options(fn: _F) -> _F:
+    """Give `fn` one flag per `GatewayOptions` field; it receives `opts`, built from
+    the flags given (an invalid combination is a `ConfigError` naming the field)."""
+    params = [p for p in map(_flag_parameter, GatewayOptions.model_fields) if p is not None]
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in inspect.signature(fn, eval_str=True).parameters.values()
+        if p.name != "opts"
+    ]
+    names = {p.name for p in params}
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        given = {}
+        for name in names:
+            value = kwargs.pop(name)
+            if value is None or value is False:
+                continue
+            given[name] = value.value if isinstance(value, Enum) else value
+        try:
+            opts = GatewayOptions(**given)
+        except ValidationError as exc:
+            raise ConfigError(f"bad gateway options:\n{format_validation_error(exc)}") from None
+        return fn(opts=opts, **kwargs)
+
+    parameters = [*params, *own]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    return command  # type: ignore[return-value]
+
+
 @gateway_app.command()
 @handle_errors
+@_with_gateway_options
 def start(
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = DEFAULT_PORT,
-    host: Annotated[
-        str,
-        typer.Option(
-            help="Address to bind. Anything but loopback needs --tls-cert/--tls-key"
-            " or --insecure-bind."
-        ),
-    ] = "127.0.0.1",
-    nodes: Annotated[
-        int, typer.Option(min=1, help="Virtual nodes to split this machine into.")
-    ] = 2,
-    slots_per_node: Annotated[
-        int | None,
-        typer.Option(min=1, help="Rank slots per node (default: cores or GPUs divided evenly)."),
-    ] = None,
-    home: HomeOption = None,
+    opts: GatewayOptions,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background and return.")
     ] = False,
-    tls_cert: Annotated[
-        Path | None,
-        typer.Option(exists=True, dir_okay=False, help="PEM certificate: serve HTTPS."),
-    ] = None,
-    tls_key: Annotated[
-        Path | None, typer.Option(exists=True, dir_okay=False, help="PEM private key of it.")
-    ] = None,
-    insecure_bind: Annotated[
-        bool,
-        typer.Option(
-            "--insecure-bind",
-            help="Serve plain HTTP on a non-loopback --host (only behind a TLS proxy).",
-        ),
-    ] = False,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allow-host",
-            metavar="NAME",
-            help="Host header name to serve besides loopback and --host (repeat).",
-        ),
-    ] = None,
-    cors_origin: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--cors-origin",
-            metavar="ORIGIN",
-            help="Browser origin allowed to call the API (repeat); none by default.",
-        ),
-    ] = None,
-    cluster: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True,
-            dir_okay=False,
-            metavar="FILE",
-            help="Cluster TOML: pools, tenant quotas and weights, scheduler switches"
-            " (docs/scheduling.md).",
-        ),
-    ] = None,
-    backend: Annotated[
-        str,
-        typer.Option(
-            help="Where jobs run: 'local' (this machine) or 'ray' (a Ray cluster,"
-            " docs/scaling-out.md)."
-        ),
-    ] = "local",
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            metavar="ADDRESS",
-            help="Ray cluster to join with --backend ray (default: $RAY_ADDRESS).",
-        ),
-    ] = None,
 ) -> None:
-    """Start a gateway; it writes the client config, so `air submit` works right away."""
-    from air_sdk.gateway.server import GatewayOptions, serve, start_detached
+    """Start a gateway; it writes the client config, so `air submit` works right away.
 
-    opts = GatewayOptions(
-        host=host,
-        port=port,
-        home=home or air_home(),
-        num_nodes=nodes,
-        slots_per_node=slots_per_node,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        insecure_bind=insecure_bind,
-        allowed_hosts=tuple(allow_host or ()),
-        cors_origins=tuple(cors_origin or ()),
-        cluster_file=cluster,
-        backend=backend,
-        ray_address=ray_address,
-    )
+    Every option may also come from an env var: AIR_GATEWAY_PORT, AIR_GATEWAY_HOME ...
+    """
+    from air_sdk.gateway.server import serve, start_detached
+
     if not detach:
         try:
             serve(opts)
@@ -135,10 +151,11 @@ def start(
         return
     with console.status(f"starting a gateway on {opts.url} ..."):
         proc = start_detached(opts)
+    custom_home = opts.home != air_home()
     console.print(
-        f"gateway running at [bold]{proc.url}[/] (pid {proc.pid}, {nodes} nodes)\n"
+        f"gateway running at [bold]{proc.url}[/] (pid {proc.pid}, {opts.num_nodes} nodes)\n"
         f"  log:  {proc.log_path}\n  stop: air gateway stop"
-        + (f" --home {opts.home}" if home else ""),
+        + (f" --home {opts.home}" if custom_home else ""),
         soft_wrap=True,
     )
 
@@ -147,7 +164,7 @@ def start(
 @handle_errors
 def stop(home: HomeOption = None) -> None:
     """Stop the background gateway started with `air gateway start --detach`."""
-    from air_sdk.gateway.server import running_gateway, stop_detached
+    from air_sdk.client.local_gateway import running_gateway, stop_detached
 
     root = home or air_home()
     proc = running_gateway(root)
@@ -164,8 +181,8 @@ def status(home: HomeOption = None, gateway: GatewayOption = None) -> None:
     from rich.markup import escape
 
     from air_sdk.cli.main import make_client
+    from air_sdk.client.local_gateway import running_gateway
     from air_sdk.errors import AirError, TransportError
-    from air_sdk.gateway.server import running_gateway
 
     proc = None if gateway else running_gateway(home or air_home())
     # One try: "is it up?" should answer at once, not after a round of retries.

@@ -15,9 +15,8 @@ its inputs must change, 1 otherwise.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Unpack
 
 import typer
 
@@ -29,22 +28,14 @@ from air_sdk.cli._common import (
     echo_json,
     err_console,
     handle_errors,
-    parse_env,
 )
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.checkpoints import checkpoints_app
 from air_sdk.cli.gateway import gateway_app
+from air_sdk.cli.job_flags import with_job_options
 from air_sdk.cli.manifests import render_app
+from air_sdk.client.options import JobOptions
 from air_sdk.schema.state import JobState
-
-
-class Priority(str, Enum):
-    """Priority classes, for typer's choices."""
-
-    low = "low"
-    normal = "normal"
-    high = "high"
-
 
 if TYPE_CHECKING:
     from air_sdk.client import Client
@@ -107,6 +98,7 @@ def _reattach_hint(job_id: str) -> None:
 
 @app.command()
 @handle_errors
+@with_job_options
 def submit(
     script: Annotated[
         Path,
@@ -122,62 +114,25 @@ def submit(
         list[str] | None,
         typer.Argument(metavar="[-- ARGS...]", help="Arguments for the script, after `--`."),
     ] = None,
-    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Nodes (gang-scheduled).")] = 1,
-    procs_per_node: Annotated[int, typer.Option(help="Ranks per node.")] = 1,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node; 0 runs on CPU.")] = 0,
-    name: Annotated[str | None, typer.Option(help="Job name (default: the script's).")] = None,
-    max_restarts: Annotated[int, typer.Option(help="Relaunches after a failure.")] = 0,
-    env: Annotated[
-        list[str] | None,
-        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Env var for every rank (repeat)."),
-    ] = None,
-    workdir: Annotated[
-        Path | None,
-        typer.Option(
-            exists=True, file_okay=False, help="Directory to bundle (default: cwd or the script's)."
-        ),
-    ] = None,
-    pool: Annotated[
-        str, typer.Option(help="Node pool to run in; 'any' lets the scheduler choose.")
-    ] = "default",
-    priority: Annotated[
-        Priority,
-        typer.Option(case_sensitive=False, help="low, normal or high (high may preempt lower)."),
-    ] = Priority.normal,
-    accelerator: Annotated[
-        str | None,
-        typer.Option(metavar="TYPE", help="Accelerator type (a100, h100, cpu; gpu: any GPU)."),
-    ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")
     ] = False,
     gateway: GatewayOption = None,
+    **options: Unpack[JobOptions],
 ) -> None:
     """Submit SCRIPT as a multi-node job; prints the job id.
 
     Example: air submit train.py --nodes 2 --env LR=0.1 --follow -- --epochs 3
+
+    The job options are those of `Client.submit_script` (air_sdk/client/options.py).
     """
-    env_vars = parse_env(env)
     client = make_client(gateway)
-    job = client.submit_script(
-        script,
-        args=list(args or ()),
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        gpus_per_node=gpus_per_node,
-        name=name,
-        env=env_vars,
-        max_restarts=max_restarts,
-        workdir=workdir,
-        pool=pool,
-        priority=priority.value,
-        accelerator=accelerator,
-    )
+    job = client.submit_script(script, args=list(args or ()), **options)
     typer.echo(job.id)
     if not follow:
         err_console.print(f"follow it with: air logs -f {job.id}", style="dim", soft_wrap=True)
         return
-    from air_sdk.cli.render import follow_to_end
+    from air_sdk.cli.terminal_views import follow_to_end
 
     try:
         code = follow_to_end(job, console)
@@ -198,7 +153,7 @@ def list_jobs(
     gateway: GatewayOption = None,
 ) -> None:
     """List your jobs, newest first."""
-    from air_sdk.cli.render import jobs_table
+    from air_sdk.cli.terminal_views import jobs_table
 
     records = make_client(gateway).jobs(state=state, limit=limit)
     if as_json:
@@ -213,7 +168,7 @@ def list_jobs(
 @handle_errors
 def status(job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOption = None) -> None:
     """State, attempts, progress and (for a failure) which rank failed and why."""
-    from air_sdk.cli.render import status_text
+    from air_sdk.cli.terminal_views import status_text
 
     job = make_client(gateway).job(job_id)
     record = job.record()
@@ -237,7 +192,7 @@ def logs(
 ) -> None:
     """Print a job's logs, each line prefixed with its rank; -f follows until the job ends."""
     from air_sdk.client import Job
-    from air_sdk.schema.events import EventType
+    from air_sdk.schema.events import EventType, LogBatch
 
     job = Job(make_client(gateway), job_id)
     page = job.log_page(rank=rank, attempt=attempt, tail=tail)
@@ -253,7 +208,7 @@ def logs(
                 continue
             if attempt is not None and event.attempt != attempt:
                 continue
-            for text in event.data.get("lines", []):
+            for text in event.payload_as(LogBatch).lines:
                 typer.echo(f"[rank {event.rank if event.rank is not None else '?'}] {text}")
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -274,7 +229,7 @@ def metrics(
     gateway: GatewayOption = None,
 ) -> None:
     """Logged metrics (`air.log`): one row per step and rank."""
-    from air_sdk.cli.render import metrics_table
+    from air_sdk.cli.terminal_views import metrics_table
     from air_sdk.client import Job
 
     rows = Job(make_client(gateway), job_id).metrics(name=name, rank=rank)

@@ -82,7 +82,7 @@ def k8s(
 
     Example: air render k8s job.yaml --image ghcr.io/me/train:1 -o trainjob.yaml
     """
-    from air_sdk.render import K8sOptions, render_trainjob, to_yaml
+    from air_sdk.manifests import K8sOptions, render_trainjob, to_yaml
 
     spec = load_job_file(job_file)
     try:

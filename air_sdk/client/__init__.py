@@ -3,6 +3,9 @@
 Never imports the gateway, runner, store, torch or ipywidgets: it runs anywhere
 Python and `requests` do.
 
+Examples marked `+SKIP` in this package need a running gateway (`air gateway start`);
+the rest run as doctests in `make test`.
+
 Example:
     >>> from air_sdk.client import Client
     >>> job = Client().submit_script("train.py", nodes=2)  # doctest: +SKIP

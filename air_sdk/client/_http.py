@@ -27,6 +27,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import requests
@@ -37,8 +38,7 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
+    retry_if_not_exception_type,
 )
 
 from air_sdk.config import config_file
@@ -53,14 +53,16 @@ from air_sdk.errors import (
 )
 
 __all__ = [
+    "DROPPED",
+    "FailureRun",
     "HttpTransport",
     "MockAdapter",
-    "backoff_s",
     "error_for_response",
     "mock_response",
     "mock_session",
     "parse_model",
     "render_detail",
+    "retrying",
 ]
 
 #: statuses that say "try again later" rather than "your request is wrong"
@@ -75,7 +77,7 @@ _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
 
 #: failures of the connection, not of the request: safe to try again
-_DROPPED: tuple[type[Exception], ...] = (
+DROPPED: tuple[type[Exception], ...] = (
     requests.ConnectionError,
     requests.Timeout,
     requests.exceptions.ChunkedEncodingError,
@@ -85,17 +87,6 @@ _DROPPED: tuple[type[Exception], ...] = (
 def _sleep(seconds: float) -> None:
     """Every wait of the client goes through here (tests replace it)."""
     time.sleep(seconds)
-
-
-def backoff_s(num_failures: int) -> float:
-    """Full-jitter exponential backoff before try `num_failures + 1` (same curve as retries).
-
-    Example:
-        >>> 0 <= backoff_s(3) <= 2.0
-        True
-    """
-    cap = min(BACKOFF_MAX_S, BACKOFF_MULTIPLIER_S * 2 ** max(num_failures - 1, 0))
-    return random.uniform(0, cap)
 
 
 class _RetryableStatus(Exception):
@@ -130,17 +121,113 @@ def parse_retry_after(value: str | None) -> float | None:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
-class _WaitRetryAfterOrBackoff:
-    """The server's Retry-After when it sent one, else jittered exponential backoff."""
+@dataclass
+class FailureRun:
+    """Failures in a row: `count` drives the wait, `counted` (of the kinds that count
+    toward giving up) the stop. A long-lived caller, such as an event stream, calls
+    `reset()` when it makes progress, so a later drop starts again from the first,
+    shortest wait and a full budget.
 
-    def __init__(self) -> None:
-        self._backoff = wait_random_exponential(multiplier=BACKOFF_MULTIPLIER_S, max=BACKOFF_MAX_S)
+    Example:
+        >>> run = FailureRun(count=4, counted=2)
+        >>> run.reset(); (run.count, run.counted)
+        (0, 0)
+    """
+
+    count: int = 0
+    counted: int = 0
+
+    def reset(self) -> None:
+        self.count = self.counted = 0
+
+
+class _CountFailure:
+    """Tenacity's `after` hook: one more failure in the run (before wait and stop)."""
+
+    def __init__(self, counted: tuple[type[BaseException], ...], run: FailureRun) -> None:
+        self.counted, self.run = counted, run
+
+    def __call__(self, retry_state: RetryCallState) -> None:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        self.run.count += 1
+        if isinstance(exc, self.counted):
+            self.run.counted += 1
+
+
+class _StopAfter:
+    """Give up at the `limit`-th failure of a counted kind in a run (None: never)."""
+
+    def __init__(self, limit: int | None, run: FailureRun) -> None:
+        self.limit, self.run = limit, run
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.limit is not None and self.run.counted >= self.limit
+
+
+class _WaitRetryAfterOrBackoff:
+    """The server's Retry-After when it sent one, else full-jitter exponential backoff
+    (tenacity's `wait_random_exponential` curve) over the failures of the run."""
+
+    def __init__(self, multiplier_s: float, max_s: float, run: FailureRun) -> None:
+        self.multiplier_s, self.max_s, self.run = multiplier_s, max_s, run
 
     def __call__(self, retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, _RetryableStatus) and exc.retry_after_s is not None:
             return exc.retry_after_s
-        return float(self._backoff(retry_state))
+        exponent = max(self.run.count - 1, 0)
+        return random.uniform(0, min(self.max_s, self.multiplier_s * 2.0**exponent))
+
+
+def retrying(
+    max_attempts: int | None,
+    *,
+    retry_on: tuple[type[BaseException], ...] = DROPPED,
+    never_on: tuple[type[BaseException], ...] = (),
+    counted: tuple[type[BaseException], ...] | None = None,
+    multiplier_s: float = BACKOFF_MULTIPLIER_S,
+    max_wait_s: float = BACKOFF_MAX_S,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+    sleep: Callable[[float], None] | None = None,
+    run: FailureRun | None = None,
+) -> Retrying:
+    """The client's one retry policy (tenacity), for requests, event streams and the
+    notebook monitor alike: on an exception of `retry_on` (but not of `never_on`),
+    wait (the server's
+    Retry-After when it sent one, else full-jitter exponential backoff of
+    `multiplier_s` doubling up to `max_wait_s`) and try again; give up, re-raising
+    the last exception, at the `max_attempts`-th failure of a `counted` kind (all
+    retried kinds by default; None: never give up). `on_retry(exc, wait_s)` is told
+    before each wait; `sleep` waits (default `_sleep`, which tests replace); `run`
+    counts the failures (a caller that makes progress resets it).
+
+    Example:
+        >>> calls = []
+        >>> def flaky():
+        ...     calls.append(1)
+        ...     if len(calls) < 3:
+        ...         raise requests.ConnectionError("reset")
+        ...     return "ok"
+        >>> retrying(5, sleep=lambda s: None)(flaky), len(calls)
+        ('ok', 3)
+    """
+    run = run if run is not None else FailureRun()
+    return Retrying(
+        after=_CountFailure(retry_on if counted is None else counted, run),
+        stop=_StopAfter(max_attempts, run),
+        wait=_WaitRetryAfterOrBackoff(multiplier_s, max_wait_s, run),
+        retry=retry_if_exception_type(retry_on) & retry_if_not_exception_type(never_on),
+        sleep=sleep if sleep is not None else (lambda seconds: _sleep(seconds)),
+        before_sleep=(
+            None
+            if on_retry is None
+            else lambda rs: on_retry(
+                rs.outcome.exception() if rs.outcome else RuntimeError("retry"),  # type: ignore[arg-type]
+                rs.next_action.sleep if rs.next_action else 0.0,
+            )
+        ),
+        reraise=True,
+    )
 
 
 def render_detail(body: Any) -> str:
@@ -299,15 +386,9 @@ class HttpTransport:
         return response
 
     def _with_retries(self, send: Callable[[], _T]) -> _T:
-        retrying = Retrying(
-            stop=stop_after_attempt(self.max_attempts),
-            wait=_WaitRetryAfterOrBackoff(),
-            retry=retry_if_exception_type((_RetryableStatus, *_DROPPED)),
-            sleep=lambda seconds: _sleep(seconds),  # late-bound so tests can patch _sleep
-            reraise=True,
-        )
+        policy = retrying(self.max_attempts, retry_on=(_RetryableStatus, *DROPPED))
         try:
-            return retrying(send)
+            return policy(send)
         except _RetryableStatus as exc:
             raise error_for_response(exc.response, base_url=self.base_url) from exc
         except requests.RequestException as exc:  # dropped, or e.g. an invalid URL
@@ -443,7 +524,11 @@ def mock_session(
     """A `requests.Session` whose every request is answered by `handler`.
 
     Example:
-        >>> client = Client("http://gw", token="t", session=mock_session(handler))  # doctest: +SKIP
+        >>> from air_sdk.client import Client
+        >>> answer = mock_response(200, {"status": "ok", "version": "0.1.0"})
+        >>> client = Client("http://gw", token="t", session=mock_session(lambda r: answer))
+        >>> client.health().version
+        '0.1.0'
     """
     session = requests.Session()
     adapter = MockAdapter(handler)

@@ -1,5 +1,7 @@
 """`Admin`: tenants, tokens and node health, over `/v1/admin/...` (needs an admin token).
 
+Examples marked `+SKIP` need a running gateway and an admin token.
+
 Example:
     >>> admin = Client().admin  # doctest: +SKIP
     >>> created = admin.create_token(tenant="acme", role="member", name="ci")  # doctest: +SKIP

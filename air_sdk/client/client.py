@@ -1,5 +1,7 @@
 """`Client`: talks to one gateway. Submits jobs and reads the cluster.
 
+Examples marked `+SKIP` need a running gateway (`air gateway start`).
+
 Example:
     >>> client = Client("http://127.0.0.1:8470", token="air_...")  # doctest: +SKIP
     >>> job = client.submit_script("train.py", nodes=2, args=["--epochs", "3"])  # doctest: +SKIP
@@ -14,7 +16,7 @@ import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 from urllib.parse import quote
 
 import requests
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from air_sdk.client._http import HttpTransport, parse_model
 from air_sdk.client.admin import Admin
 from air_sdk.client.job import Job
+from air_sdk.client.options import JobOptions, job_spec_fields
 from air_sdk.config import load_client_settings
 from air_sdk.errors import SpecError
 from air_sdk.schema.api import Health, Inventory, JobList, JobRecord
@@ -231,34 +234,27 @@ class Client:
         return Job(self, parse_model(JobRecord, record))
 
     def submit_script(
-        self,
-        script: str | Path,
-        *,
-        args: Sequence[str] = (),
-        nodes: int = 1,
-        procs_per_node: int = 1,
-        gpus_per_node: int = 0,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        max_restarts: int = 0,
-        workdir: str | Path | None = None,
-        pool: str = "default",
-        priority: str = "normal",
-        accelerator: str | None = None,
+        self, script: str | Path, *, args: Sequence[str] = (), **options: Unpack[JobOptions]
     ) -> Job:
         """Run a torchrun-style script on `nodes` x `procs_per_node` ranks.
 
-        The bundle is `workdir`: by default the current directory when the
-        script is inside it, else the script's own directory.
+        `options` are the job options of `air_sdk.client.options.JobOptions` (the
+        same as `air submit`'s flags): nodes, procs_per_node, gpus_per_node, name,
+        env, max_restarts, checkpoint_every, pool, priority, accelerator, the mesh
+        sizes dp_replicate, dp_shard, tp, pp, cp, and workdir. The bundle is
+        `workdir`: by default the current directory when the script is inside it,
+        else the script's own directory.
 
         Example:
             >>> job = Client().submit_script("train.py", nodes=2, args=["--lr", "0.1"])  # doctest: +SKIP
             >>> job.id  # doctest: +SKIP
             'j-3f2a'
         """
+        fields = job_spec_fields(options)  # unknown options fail before anything is read
         script_path = Path(script).expanduser().resolve()
         if not script_path.is_file():
             raise SpecError(f"script {script} not found (looked for {script_path})")
+        workdir = options.get("workdir")
         if workdir is None:
             cwd = Path.cwd().resolve()
             root = cwd if script_path.is_relative_to(cwd) else script_path.parent
@@ -269,20 +265,9 @@ class Client:
                     f"script {script_path} is not inside workdir {root}: the script must be"
                     " part of the bundle; pass a workdir that contains it"
                 )
+        fields.setdefault("name", _default_name(script_path))
         spec = job_spec(
-            name=name if name is not None else _default_name(script_path),
-            entrypoint=script_path.relative_to(root).as_posix(),
-            args=list(args),
-            env=dict(env or {}),
-            resources={
-                "nodes": nodes,
-                "procs_per_node": procs_per_node,
-                "gpus_per_node": gpus_per_node,
-            },
-            max_restarts=max_restarts,
-            pool=pool,
-            priority=priority,
-            accelerator=accelerator,
+            entrypoint=script_path.relative_to(root).as_posix(), args=list(args), **fields
         )
         return self.submit(spec, workdir=root)
 

@@ -4,6 +4,8 @@ Every read goes to the gateway (nothing here talks to workers): the event log is
 the single source of truth, and `follow()` resumes from the last sequence number
 it saw after a dropped connection.
 
+Examples marked `+SKIP` need a running gateway and a job on it.
+
 Example:
     >>> job = Client().job("j-3f2a")  # doctest: +SKIP
     >>> for event in job.follow():  # doctest: +SKIP
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -23,7 +26,7 @@ from pydantic import ValidationError
 
 from air_sdk.client import _http
 from air_sdk.client.sse import iter_sse
-from air_sdk.errors import JobFailedError, JobTimeoutError
+from air_sdk.errors import JobFailedError, JobTimeoutError, TransportError
 from air_sdk.schema.api import (
     AttemptList,
     AttemptRecord,
@@ -35,7 +38,7 @@ from air_sdk.schema.api import (
     MetricRow,
     MetricsPage,
 )
-from air_sdk.schema.events import Event, EventType
+from air_sdk.schema.events import Event, EventType, StateChange
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.state import JobState
 
@@ -52,6 +55,24 @@ STREAM_READ_TIMEOUT_S = 60.0
 EVENT_PAGE_LIMIT = 1000
 
 
+class _Default:
+    """The type of `_CLIENT_DEFAULT`: "use the client's setting"."""
+
+
+_CLIENT_DEFAULT = _Default()
+
+
+class _StreamEnded(Exception):
+    """The server closed the event stream before the job ended (not a failure)."""
+
+
+@dataclass
+class _Cursor:
+    """The last sequence number a follower yielded."""
+
+    seq: int
+
+
 def is_terminal_event(event: Event) -> bool:
     """True for the `state` event that ends a job.
 
@@ -62,8 +83,8 @@ def is_terminal_event(event: Event) -> bool:
     if event.type is not EventType.STATE:
         return False
     try:
-        return JobState(event.data.get("state")).terminal
-    except ValueError:
+        return event.payload_as(StateChange).state.terminal
+    except ValueError:  # a state this client does not know (a newer gateway)
         return False
 
 
@@ -195,12 +216,22 @@ class Job:
                 break
         return snap
 
-    def follow(self, after: int = 0) -> Iterator[Event]:
+    def follow(
+        self,
+        after: int = 0,
+        *,
+        max_attempts: int | None | _Default = _CLIENT_DEFAULT,
+        on_retry: Callable[[BaseException, float], None] | None = None,
+    ) -> Iterator[Event]:
         """Stream events with `seq > after` live, until the job ends.
 
         Reconnects after a dropped connection from the last sequence number it
-        yielded (so no event is lost or repeated), with backoff; gives up with
-        `TransportError` after the client's `max_attempts` drops in a row.
+        yielded (so no event is lost or repeated), by the client's one retry policy
+        (`air_sdk.client._http.retrying`: jittered backoff, counted afresh after
+        every event); gives up with `TransportError` after `max_attempts` drops in a
+        row (default: the client's; None: never). A stream the server closes before
+        the job ended is read on by pages and opened again, without giving up.
+        `on_retry(error, wait_s)` hears of each reconnect.
 
         Example:
             >>> snap = JobSnapshot(job_id=job.id)  # doctest: +SKIP
@@ -208,55 +239,64 @@ class Job:
             ...     snap.apply(event)
         """
         http = self.client._http
-        last = after
-        num_drops = 0
-        while True:
-            progressed = False
-            try:
-                response = http.request(
-                    "GET",
-                    f"{self._path}/events/stream",
-                    params={"after": last},
-                    headers={"Accept": "text/event-stream", "Last-Event-ID": str(last)},
-                    stream=True,
-                    timeout=(http.timeout_s, max(http.timeout_s, STREAM_READ_TIMEOUT_S)),
-                )
-                try:
-                    for message in iter_sse(response.iter_content(chunk_size=None)):
-                        event = _parse_event(message.data)
-                        if event is None or event.seq <= last:
-                            continue
-                        last, progressed = event.seq, True
-                        yield event
-                        if is_terminal_event(event):
-                            return
-                finally:
-                    response.close()
-            except requests.RequestException as exc:
-                num_drops = 1 if progressed else num_drops + 1
-                if num_drops >= http.max_attempts:
-                    raise http.transport_error(exc) from exc
-                log.debug("event stream of %s dropped (%s); resuming after %d", self.id, exc, last)
-                _http._sleep(_http.backoff_s(num_drops))
-                continue
-            # The server closed the stream: catch up by pages, stop if the job has ended.
-            while True:
-                before = last
-                page = self.events(after=last)
-                for event in page.events:
-                    if event.seq <= last:
-                        continue
-                    last, progressed = event.seq, True
-                    yield event
-                    if is_terminal_event(event):
+        limit = http.max_attempts if isinstance(max_attempts, _Default) else max_attempts
+        cursor = _Cursor(after)
+        run = _http.FailureRun()  # reset by every event read, so each drop starts afresh
+        # Without a limit, a gateway that does not answer (a restart) is waited for too.
+        unreachable = (TransportError,) if limit is None else ()
+        policy = _http.retrying(
+            limit,
+            retry_on=(_StreamEnded, *_http.DROPPED, *unreachable),
+            counted=(*_http.DROPPED, *unreachable),
+            on_retry=on_retry,
+            run=run,
+        )
+        try:
+            for attempt in policy:
+                with attempt:
+                    if (yield from self._read_on(cursor, run)):
                         return
-                if last <= before:  # an empty page: caught up
-                    break
-            if page.state.terminal:
-                return
-            num_drops = 0 if progressed else num_drops + 1
-            if num_drops:
-                _http._sleep(_http.backoff_s(num_drops))
+                    raise _StreamEnded  # read to the end, job still going: open it again
+        except requests.RequestException as exc:
+            raise http.transport_error(exc) from exc
+
+    def _read_on(self, cursor: _Cursor, run: _http.FailureRun) -> Generator[Event, None, bool]:
+        """Yield what the event stream brings after `cursor`, then catch up by pages once
+        the server closes it; returns True when the job has ended."""
+        http = self.client._http
+        response = http.request(
+            "GET",
+            f"{self._path}/events/stream",
+            params={"after": cursor.seq},
+            headers={"Accept": "text/event-stream", "Last-Event-ID": str(cursor.seq)},
+            stream=True,
+            timeout=(http.timeout_s, max(http.timeout_s, STREAM_READ_TIMEOUT_S)),
+        )
+        try:
+            for message in iter_sse(response.iter_content(chunk_size=None)):
+                event = _parse_event(message.data)
+                if event is None or event.seq <= cursor.seq:
+                    continue
+                cursor.seq = event.seq
+                run.reset()
+                yield event
+                if is_terminal_event(event):
+                    return True
+        finally:
+            response.close()
+        while True:  # the server closed the stream: catch up by pages
+            before = cursor.seq
+            page = self.events(after=cursor.seq)
+            for event in page.events:
+                if event.seq <= cursor.seq:
+                    continue
+                cursor.seq = event.seq
+                run.reset()
+                yield event
+                if is_terminal_event(event):
+                    return True
+            if cursor.seq <= before:  # an empty page: caught up
+                return page.state.terminal
 
     def monitor(self, **options: Any) -> JobMonitor:
         """A live notebook widget for this job (needs the `notebook` extra).

@@ -1,6 +1,8 @@
 """How a gateway guards its door: the bind rule, Host allow-list, CORS origins, body caps
 and rate limits. Pure data and one check; the middlewares that enforce them are in
-`air_sdk.gateway.security`. Imports no server code, so the CLI stays light.
+`air_sdk.gateway.security`. Imports no server code, so the CLI stays light. The caps
+and rates (`RequestLimits`, `RateLimit`) are part of `GatewayOptions`, in
+`air_sdk.gateway_config`, and re-exported here.
 
 Example:
     >>> check_bind("127.0.0.1")
@@ -10,16 +12,14 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from air_sdk.bundle import DEFAULT_MAX_BYTES
 from air_sdk.errors import AirError
+from air_sdk.gateway_config import MIB as MIB
+from air_sdk.gateway_config import REPORT_PATH as REPORT_PATH
+from air_sdk.gateway_config import RateLimit, RequestLimits
 
 __all__ = [
     "LOOPBACK_HOSTS",
@@ -32,82 +32,6 @@ __all__ = [
 
 #: Host header names every gateway answers to
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-MIB = 1 << 20
-REPORT_PATH = re.compile(r"^/v1/jobs/[^/]+/attempts/[^/]+/report$")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RateLimit:
-    """A token bucket: `per_s` requests a second on average, bursts of up to `burst`.
-
-    Example:
-        >>> RateLimit(per_s=50, burst=100).per_s
-        50
-    """
-
-    #: sustained requests per second
-    per_s: float
-    #: requests allowed at once after an idle spell
-    burst: int
-
-    def __post_init__(self) -> None:
-        if self.per_s <= 0 or self.burst < 1:
-            raise ValueError(
-                f"RateLimit(per_s={self.per_s}, burst={self.burst}): per_s must be > 0 and"
-                " burst >= 1 (use None for no limit)"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RequestLimits:
-    """Caps on what one request may bring. Bodies over a cap get 413, callers over a
-    rate 429 with Retry-After. None turns a rate limit off."""
-
-    #: any JSON body not listed below (admin routes, cancel, ...)
-    max_body_bytes: int = 1 * MIB
-    #: POST /v1/jobs: a JobSpec with up to 1 MiB of inline code, JSON-escaped
-    max_submit_bytes: int = 8 * MIB
-    #: worker reports: up to 10k lines of up to 16k characters, escaped
-    max_report_bytes: int = 16 * MIB
-    #: PUT /v1/bundles/{sha256}; the route also unpacks to check file counts and sizes
-    max_bundle_bytes: int = DEFAULT_MAX_BYTES
-    #: per user token (viewer, member, admin)
-    user_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
-    #: per worker token: every rank of an attempt shares one and posts ~2 reports/s
-    worker_rate: RateLimit | None = RateLimit(per_s=2000, burst=4000)
-    #: per client address, for requests without a token (health checks, 401s)
-    anonymous_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
-
-    def __post_init__(self) -> None:
-        caps = (self.max_body_bytes, self.max_submit_bytes, self.max_report_bytes)
-        if min(*caps, self.max_bundle_bytes) < 1024:
-            raise ValueError("body caps must be at least 1024 bytes")
-
-    def body_cap(self, method: str, path: str) -> tuple[int, str]:
-        """(the byte cap for a request, what to do when over it)."""
-        if method == "PUT" and path.startswith("/v1/bundles/"):
-            return self.max_bundle_bytes, (
-                "add large files to .airignore and read them from shared storage"
-            )
-        if method == "POST" and path == "/v1/jobs":
-            return self.max_submit_bytes, (
-                "put large inline code in a file and submit the file; pass data by path"
-            )
-        if method == "POST" and REPORT_PATH.match(path):
-            return self.max_report_bytes, "send smaller batches"
-        return self.max_body_bytes, "send a smaller body"
-
-    def to_json(self) -> str:
-        """For handing the limits to a detached gateway process."""
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> RequestLimits:
-        raw: dict[str, Any] = json.loads(text)
-        for key in ("user_rate", "worker_rate", "anonymous_rate"):
-            if raw.get(key) is not None:
-                raw[key] = RateLimit(**raw[key])
-        return cls(**raw)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,14 +46,12 @@ from air_sdk.schema import (
     JobRecord,
     JobSpec,
     JobState,
-    LogLine,
     LogPage,
-    MetricRow,
     MetricsPage,
     NodeInfo,
     WorkerReport,
 )
-from air_sdk.schema.events import CheckpointCommit, CheckpointRestore, CheckpointSkip
+from air_sdk.schema.events import CheckpointRestore
 from air_sdk.store import IdempotencyConflict
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
@@ -332,14 +330,7 @@ def job_logs(
     )
     if tail is not None:
         events.reverse()
-    lines = [
-        LogLine(attempt=e.attempt or 0, rank=e.rank or 0, text=text)
-        for e in events
-        for text in e.data.get("lines", [])
-    ]
-    if tail is not None:
-        lines = lines[-tail:]
-    return LogPage(lines=lines, last_seq=events[-1].seq if events else after)
+    return LogPage.from_events(events, after=after, tail=tail)
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsPage)
@@ -351,38 +342,15 @@ def job_metrics(
     rank: Annotated[int | None, Query(ge=0)] = None,
 ) -> MetricsPage:
     _job_or_404(ctx, principal, job_id)
-    rows = []
-    for e in ctx.store.read_events(job_id, types=(EventType.METRICS,), rank=rank, limit=1_000_000):
-        for p in e.data.get("points", []):
-            values = p["values"]
-            if name is not None:
-                if name not in values:
-                    continue
-                values = {name: values[name]}
-            rows.append(
-                MetricRow(
-                    attempt=e.attempt or 0,
-                    rank=e.rank or 0,
-                    step=p["step"],
-                    ts=p["ts"],
-                    values=values,
-                )
-            )
-    return MetricsPage(points=rows)
+    events = ctx.store.read_events(job_id, types=(EventType.METRICS,), rank=rank, limit=1_000_000)
+    return MetricsPage.from_events(events, name=name)
 
 
 @router.get("/jobs/{job_id}/checkpoints", response_model=CheckpointList)
 def job_checkpoints(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> CheckpointList:
     _job_or_404(ctx, principal, job_id)
-    commits, skipped, restores = [], [], []
-    for e in ctx.store.read_events(job_id, types=(EventType.CHECKPOINT,), limit=100_000):
-        if "skipped" in e.data:
-            skipped.append(CheckpointSkip.model_validate(e.data))
-        elif e.data.get("restored"):
-            restores.append(CheckpointRestore.model_validate(e.data))
-        else:
-            commits.append(CheckpointCommit.model_validate(e.data))
-    return CheckpointList(commits=commits, skipped=skipped, restores=restores)
+    events = ctx.store.read_events(job_id, types=(EventType.CHECKPOINT,), limit=100_000)
+    return CheckpointList.from_events(events)
 
 
 @router.get("/cluster", response_model=Inventory)
@@ -436,26 +404,16 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
         raise HTTPException(422, f"not a WorkerReport: {exc}") from exc
     if report.lines or report.exit is not None or report.checkpoints:
         report = _scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
-    items: list[tuple[EventType, str]] = []
-    if report.points or report.dropped_points:
-        items.append(
-            (EventType.METRICS, report.model_dump_json(include={"points", "dropped_points"}))
-        )
-    if report.lines:
-        items.append((EventType.LOG, report.model_dump_json(include={"lines"})))
-    if report.samples:
-        items.append((EventType.UTIL, report.model_dump_json(include={"samples"})))
-    items.extend((EventType.CHECKPOINT, record.model_dump_json()) for record in report.checkpoints)
     for record in report.checkpoints:
         if isinstance(record, CheckpointRestore):
             ctx.store.set_resumed_from(job_id, attempt, record.step)
-    if report.exit is not None:
-        items.append((EventType.RANK_EXIT, report.exit.model_dump_json()))
     step = report.heartbeat_step
     if step is None and report.points:
         step = report.points[-1].step
     progress = bool(report.points) or report.heartbeat_step is not None
-    ctx.store.append_worker_events(job_id, attempt, report.rank, items, step, progress=progress)
+    ctx.store.append_worker_events(
+        job_id, attempt, report.rank, report.payloads(), step, progress=progress
+    )
 
 
 def _scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:

@@ -1,8 +1,13 @@
-"""Starting and stopping a gateway: in the foreground, or detached with a pid file.
+"""Running a gateway: `build` the app, `serve` it in the foreground, or start it
+detached (`python -m air_sdk.gateway.server` reads its `GatewayOptions` as JSON from
+`$AIR_GATEWAY_OPTIONS`).
 
 The embedded default is a gateway + local runner over SQLite in `AIR_HOME`.
 On its first start it creates an admin token and writes the client config, so
-`air submit` works with nothing typed.
+`air submit` works with nothing typed. The options are declared in
+`air_sdk.gateway_config`; finding, starting and stopping a detached gateway is
+`air_sdk.client.local_gateway` (re-exported here, with `start_detached` checking
+the options first).
 
 Example:
     >>> proc = start_detached(GatewayOptions(port=8471, home=Path("/tmp/air")))  # doctest: +SKIP
@@ -12,26 +17,18 @@ Example:
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-import warnings
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
-import requests
-
-from air_sdk.config import DEFAULT_PORT, air_home, write_client_config
+from air_sdk.client import local_gateway
+from air_sdk.client.local_gateway import GatewayProcess, running_gateway, stop_detached
+from air_sdk.config import write_client_config
 from air_sdk.errors import AirError
-from air_sdk.gateway.options import RequestLimits, SecurityOptions, check_bind, is_loopback
+from air_sdk.gateway.options import SecurityOptions, check_bind, is_loopback
+from air_sdk.gateway_config import OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -40,75 +37,41 @@ if TYPE_CHECKING:
     from air_sdk.scheduler import ClusterConfig
     from air_sdk.store import SqliteStore
 
-TOKEN_FILE = "token"
-STATE_FILE = "gateway.json"
-LOG_FILE = "gateway.log"
+__all__ = [
+    "GatewayOptions",
+    "GatewayProcess",
+    "build",
+    "main",
+    "preflight",
+    "running_gateway",
+    "security_options",
+    "serve",
+    "start_detached",
+    "stop_detached",
+]
 
 
-@dataclass(frozen=True)
-class GatewayOptions:
-    """How to run a gateway.
+def security_options(opts: GatewayOptions) -> SecurityOptions:
+    """What the security middlewares enforce for `opts` (its own host is served too).
 
-    A loopback `host` is always allowed; any other needs `tls_cert` + `tls_key` or an
-    explicit `insecure_bind` (see `air_sdk.gateway.security.check_bind`).
+    Example:
+        >>> security_options(GatewayOptions(host="gpu-box.lan")).all_hosts()[-1]
+        'gpu-box.lan'
     """
-
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    home: Path = field(default_factory=air_home)
-    #: virtual nodes this machine is split into
-    num_nodes: int = 2
-    #: rank slots per virtual node; default: cores (or GPUs) divided evenly
-    slots_per_node: int | None = None
-    #: write ~/.config/air/config.toml with this gateway's URL and token
-    write_client_config: bool = True
-    #: PEM certificate and key: serve HTTPS (uvicorn ssl_certfile / ssl_keyfile)
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    #: serve plain HTTP on a non-loopback address (only behind a TLS proxy you trust)
-    insecure_bind: bool = False
-    #: Host header names served besides 127.0.0.1, localhost, [::1] and `host`
-    allowed_hosts: tuple[str, ...] = ()
-    #: browser origins allowed to call the API (CORS); none by default
-    cors_origins: tuple[str, ...] = ()
-    #: body caps and rate limits (users, workers, anonymous callers)
-    limits: RequestLimits = field(default_factory=RequestLimits)
-    #: cluster TOML (docs/scheduling.md): pools of nodes, tenant quotas and weights,
-    #: scheduler switches; None: this machine's virtual nodes and the default policy
-    cluster_file: Path | None = None
-    #: where jobs run: "local" (torchrun agents on this machine) or "ray"
-    backend: str = "local"
-    #: the Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None: $RAY_ADDRESS
-    ray_address: str | None = None
-
-    @property
-    def url(self) -> str:
-        scheme = "https" if self.tls_cert else "http"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{host}:{self.port}"
-
-    @property
-    def worker_url(self) -> str:
-        """Where this machine's workers report: loopback when bound to every address."""
-        if self.host in ("0.0.0.0", "::"):
-            return dataclasses.replace(self, host="127.0.0.1").url
-        return self.url
-
-    @property
-    def security(self) -> SecurityOptions:
-        return SecurityOptions(
-            allowed_hosts=(*self.allowed_hosts, self.host),
-            cors_origins=self.cors_origins,
-            limits=self.limits,
-        )
+    return SecurityOptions(
+        allowed_hosts=(*opts.allowed_hosts, opts.host),
+        cors_origins=opts.cors_origins,
+        limits=opts.limits,
+    )
 
 
-@dataclass(frozen=True)
-class GatewayProcess:
-    pid: int
-    url: str
-    token: str
-    log_path: Path
+def preflight(opts: GatewayOptions) -> None:
+    """Refuse, with the message, what would make a gateway exit at once: a bind that
+    would send tokens in clear text, a cluster file that does not load."""
+    check_bind(
+        opts.host, tls_cert=opts.tls_cert, tls_key=opts.tls_key, insecure_bind=opts.insecure_bind
+    )
+    load_cluster(opts.cluster_file)
 
 
 def _ensure_token(store: SqliteStore, home: Path) -> str:
@@ -149,7 +112,7 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         policy=cluster.policy if cluster is not None else None,
     )
     app = create_app(
-        GatewayContext(store=store, runner=runner, home=opts.home), security=opts.security
+        GatewayContext(store=store, runner=runner, home=opts.home), security=security_options(opts)
     )
     return app, token
 
@@ -226,175 +189,23 @@ def serve(opts: GatewayOptions) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
-    """True while `pid` runs; reaps it when it is our own exited child (a zombie)."""
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child: ask the kernel below
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def running_gateway(home: Path) -> GatewayProcess | None:
-    """The detached gateway recorded in `home`, if its process is alive."""
-    try:
-        state = json.loads((home / STATE_FILE).read_text())
-        pid, url = int(state["pid"]), str(state["url"])
-    except (OSError, ValueError, KeyError):
-        return None
-    if not _alive(pid):
-        return None
-    token = (home / TOKEN_FILE).read_text().strip() if (home / TOKEN_FILE).exists() else ""
-    return GatewayProcess(pid=pid, url=url, token=token, log_path=home / LOG_FILE)
-
-
 def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProcess:
-    """Start a gateway in the background and return once it answers /v1/health."""
-    existing = running_gateway(opts.home)
-    if existing is not None:
-        raise AirError(
-            f"a gateway (pid {existing.pid}) already runs at {existing.url} for {opts.home}:"
-            " stop it with `air gateway stop` or use another --home"
-        )
-    opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    log_path = opts.home / LOG_FILE
-    cmd = [
-        sys.executable,
-        "-m",
-        "air_sdk.gateway.server",
-        "--host",
-        opts.host,
-        "--port",
-        str(opts.port),
-        "--home",
-        str(opts.home),
-        "--nodes",
-        str(opts.num_nodes),
-    ]
-    if opts.slots_per_node:
-        cmd += ["--slots-per-node", str(opts.slots_per_node)]
-    if not opts.write_client_config:
-        cmd.append("--no-client-config")
-    if opts.tls_cert and opts.tls_key:
-        cmd += ["--tls-cert", str(opts.tls_cert), "--tls-key", str(opts.tls_key)]
-    if opts.insecure_bind:
-        cmd.append("--insecure-bind")
-    for host in opts.allowed_hosts:
-        cmd += ["--allow-host", host]
-    for origin in opts.cors_origins:
-        cmd += ["--cors-origin", origin]
-    if opts.limits != RequestLimits():
-        cmd += ["--limits-json", opts.limits.to_json()]
-    if opts.cluster_file is not None:
-        cmd += ["--cluster", str(Path(opts.cluster_file).resolve())]
-    if opts.backend != "local":
-        cmd += ["--backend", opts.backend]
-    if opts.ray_address:
-        cmd += ["--ray-address", opts.ray_address]
-    # Refuse bad files here, with the message, rather than in a child that exits at once.
-    load_cluster(opts.cluster_file)
-    # Refuse here, with the message, rather than in a child that exits at once.
-    check_bind(
-        opts.host, tls_cert=opts.tls_cert, tls_key=opts.tls_key, insecure_bind=opts.insecure_bind
-    )
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AirError(
-                f"the gateway exited with code {proc.returncode}:\n" + "\n".join(_tail(log_path))
-            )
-        try:
-            if _healthy(opts):
-                token = (opts.home / TOKEN_FILE).read_text().strip()
-                return GatewayProcess(pid=proc.pid, url=opts.url, token=token, log_path=log_path)
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AirError(f"the gateway did not answer within {timeout_s:g} s; see {log_path}")
+    """Check `opts` here (so a bad one fails with its message, not in a child that exits
+    at once), then start a detached gateway (`air_sdk.client.local_gateway`)."""
+    preflight(opts)
+    return local_gateway.start_detached(opts, timeout_s)
 
 
-def _healthy(opts: GatewayOptions) -> bool:
-    # Liveness only (no token is sent), so a self-signed certificate is fine here.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return requests.get(f"{opts.worker_url}/v1/health", timeout=1, verify=False).ok
-
-
-def stop_detached(home: Path, timeout_s: float = 30) -> bool:
-    """Stop the gateway recorded in `home` (SIGTERM, then SIGKILL). False if none ran."""
-    gw = running_gateway(home)
-    if gw is None:
-        return False
-    os.kill(gw.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(gw.pid):
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(gw.pid, signal.SIGKILL)
-    (home / STATE_FILE).unlink(missing_ok=True)
-    return True
-
-
-def _tail(path: Path, n: int = 20) -> list[str]:
+def main() -> None:
+    """`python -m air_sdk.gateway.server`: serve the options in `$AIR_GATEWAY_OPTIONS`
+    (JSON, as a detached start writes them), else those of `AIR_GATEWAY_*` env vars."""
+    raw = os.environ.pop(OPTIONS_ENV, None)  # the ranks this gateway starts need not see it
     try:
-        with open(path, errors="replace") as f:
-            return [line.rstrip() for line in deque(f, maxlen=n)]
-    except OSError:
-        return []
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m air_sdk.gateway.server")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--home", type=Path, default=None)
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--slots-per-node", type=int, default=None)
-    p.add_argument("--no-client-config", action="store_true")
-    p.add_argument("--tls-cert", type=Path, default=None)
-    p.add_argument("--tls-key", type=Path, default=None)
-    p.add_argument("--insecure-bind", action="store_true")
-    p.add_argument("--allow-host", action="append", default=[])
-    p.add_argument("--cors-origin", action="append", default=[])
-    p.add_argument("--limits-json", default=None)
-    p.add_argument("--cluster", type=Path, default=None)
-    p.add_argument("--backend", choices=("local", "ray"), default="local")
-    p.add_argument("--ray-address", default=None)
-    a = p.parse_args(argv)
-    serve(
-        GatewayOptions(
-            host=a.host,
-            port=a.port,
-            home=a.home or air_home(),
-            num_nodes=a.nodes,
-            slots_per_node=a.slots_per_node,
-            write_client_config=not a.no_client_config,
-            tls_cert=a.tls_cert,
-            tls_key=a.tls_key,
-            insecure_bind=a.insecure_bind,
-            allowed_hosts=tuple(a.allow_host),
-            cors_origins=tuple(a.cors_origin),
-            limits=RequestLimits.from_json(a.limits_json) if a.limits_json else RequestLimits(),
-            cluster_file=a.cluster,
-            backend=a.backend,
-            ray_address=a.ray_address,
-        )
-    )
+        opts = GatewayOptions.model_validate_json(raw) if raw else GatewayOptions()
+    except ValueError as exc:
+        print(f"error: bad gateway options: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    serve(opts)
 
 
 if __name__ == "__main__":

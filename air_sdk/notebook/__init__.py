@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from air_sdk.notebook.chart import render_chart_png
     from air_sdk.notebook.monitor import JobMonitor
-    from air_sdk.notebook.render import render_html, render_text
+    from air_sdk.notebook.snapshot_html import render_html, render_text
 
 __all__ = ["JobMonitor", "render_chart_png", "render_html", "render_text"]
 
 _HOMES = {
     "JobMonitor": "air_sdk.notebook.monitor",
     "render_chart_png": "air_sdk.notebook.chart",
-    "render_html": "air_sdk.notebook.render",
-    "render_text": "air_sdk.notebook.render",
+    "render_html": "air_sdk.notebook.snapshot_html",
+    "render_text": "air_sdk.notebook.snapshot_html",
 }
 
 

@@ -42,7 +42,7 @@ def render_chart_png(
     """`metric` against step as PNG bytes; None when the metric has no points.
 
     Restarts (`snapshot.restarts_at_step`) are vertical dashed lines; committed
-    checkpoints (`snapshot.checkpoints`, each with a "step") are small triangles
+    checkpoints (`snapshot.checkpoints`) are small triangles
     on the step axis. A loss spanning more than two decades gets a log scale.
 
     Example:
@@ -77,9 +77,7 @@ def render_chart_png(
             linewidth=1.0,
             label="restart" if i == 0 else None,
         )
-    checkpoint_steps = [
-        int(ck["step"]) for ck in snapshot.checkpoints if isinstance(ck.get("step"), int | float)
-    ]
+    checkpoint_steps = [ck.step for ck in snapshot.checkpoints]
     if checkpoint_steps:
         # x in data coordinates, y in axes coordinates: the marks sit on the step axis
         # whatever the metric's scale.

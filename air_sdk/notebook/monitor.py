@@ -13,7 +13,7 @@ cell ends) do the work:
   when the charted series changed, and makes a final redraw when the job ends.
 
 Widget values are only ever assigned (never `with out:` from a thread). All the
-HTML comes from `render.py`, which also gives the static copy the notebook keeps.
+HTML comes from `snapshot_html.py`, which also gives the static copy the notebook keeps.
 
 CSS classes (for browser tests): `air-monitor` (root), `air-state`, `air-step`,
 `air-progress`, `air-metrics`, `air-metric`, `air-chart`, `air-util`,
@@ -34,7 +34,6 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 try:
@@ -44,12 +43,13 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "the AIR job monitor needs ipywidgets: pip install 'air-runtime[notebook]'"
     ) from exc
 
+from air_sdk.client._http import retrying
 from air_sdk.errors import AuthError, JobTimeoutError, NotFoundError
-from air_sdk.notebook import render
+from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import render_chart_png
+from air_sdk.notebook.monitor_view import MonitorView, chart_key_of, chosen_metric, monitor_view
 from air_sdk.schema.events import Event
 from air_sdk.schema.snapshot import JobSnapshot
-from air_sdk.schema.state import JobState
 
 __all__ = ["JobMonitor", "MonitoredJob"]
 
@@ -58,21 +58,20 @@ log = logging.getLogger(__name__)
 #: how long starting a monitor waits for the events that already exist, so the first
 #: display shows the job as it is (the fold goes on in the background after that)
 INITIAL_FOLD_WAIT_S = 1.0
-#: the first pause before following again after an error; it doubles up to the maximum
+#: the first pause (at most; jittered) before following again after an error; it doubles
+#: up to the maximum (the client's retry policy, `air_sdk.client._http.retrying`)
 FIRST_RETRY_BACKOFF_S = 1.0
 #: the longest pause between attempts to get the event stream back
 MAX_RETRY_BACKOFF_S = 30.0
 CHART_WIDTH_PX = 640
 CHART_HEIGHT_PX = 240
 
-_BAR_STYLES = {
-    JobState.SUCCEEDED: "success",
-    JobState.FAILED: "danger",
-    JobState.RESTARTING: "warning",
-    JobState.CANCELLED: "warning",
-}
 #: errors that following again cannot fix
 _FINAL_ERRORS = (AuthError, NotFoundError)
+
+
+class _Stopped(Exception):
+    """The monitor was closed while it waited to follow again."""
 
 
 class MonitoredJob(Protocol):
@@ -87,33 +86,6 @@ class MonitoredJob(Protocol):
     def cancel(self) -> Any: ...
 
     def record(self) -> Any: ...
-
-
-@dataclass
-class _View:
-    """Every widget value of one redraw, computed from the snapshot under the lock."""
-
-    state_html: str
-    step_html: str
-    progress_max: int
-    progress_value: int
-    bar_style: str
-    progress_shown: bool
-    metrics_html: str
-    metric_options: list[str]
-    metric: str | None
-    chart_key: tuple[Any, ...]
-    #: a copy of what the chart needs when its series changed since the last drawing
-    chart_source: JobSnapshot | None
-    chart_png: bytes | None
-    util_html: str
-    checkpoints_html: str
-    failure_html: str
-    log_ranks: list[int]
-    log_rank: int | None
-    logs_html: str
-    error: str | None
-    terminal: bool
 
 
 class JobMonitor:
@@ -272,7 +244,7 @@ class JobMonitor:
         with self._lock:
             bundle: dict[str, Any] = {
                 "text/plain": self._text(),
-                "text/html": render.render_html(
+                "text/html": snapshot_html.render_html(
                     self._snapshot,
                     name=self._name,
                     chart_png=self._current_chart_png(),
@@ -418,10 +390,20 @@ class JobMonitor:
     # -- threads -----------------------------------------------------------------
 
     def _follow_loop(self) -> None:
-        backoff_s = FIRST_RETRY_BACKOFF_S
+        # The client's one retry policy, never giving up while the monitor is open: a
+        # gateway restart of minutes shows as an error in the widget, then heals.
+        policy = retrying(
+            None,
+            retry_on=(Exception,),
+            never_on=(*_FINAL_ERRORS, _Stopped),
+            multiplier_s=FIRST_RETRY_BACKOFF_S,
+            max_wait_s=MAX_RETRY_BACKOFF_S,
+            on_retry=self._on_retry,
+            sleep=self._sleep_unless_stopped,
+        )
         try:
-            while not self._stop.is_set():
-                try:
+            for attempt in policy:
+                with attempt:
                     if not self._folded.is_set():
                         self._initial_fold()
                     if self._snapshot.state.terminal:
@@ -432,27 +414,28 @@ class JobMonitor:
                             self._error = None
                             self._dirty = True
                             self._changed.notify_all()
-                        backoff_s = FIRST_RETRY_BACKOFF_S
                         if self._stop.is_set() or self._snapshot.state.terminal:
                             return
                     return  # follow() ends only with the job
-                except _FINAL_ERRORS as exc:
-                    self._set_error(f"stopped following job {self.job.id}: {exc}")
-                    return
-                except Exception as exc:
-                    log.debug("monitor of %s: follow failed", self.job.id, exc_info=True)
-                    self._set_error(
-                        f"lost the event stream ({type(exc).__name__}: {exc});"
-                        f" retrying in {backoff_s:.0f} s"
-                    )
-                    if self._stop.wait(backoff_s):
-                        return
-                    backoff_s = min(backoff_s * 2, MAX_RETRY_BACKOFF_S)
+        except _FINAL_ERRORS as exc:
+            self._set_error(f"stopped following job {self.job.id}: {exc}")
+        except _Stopped:
+            pass
         finally:
             self._folded.set()
             with self._changed:
                 self._follow_done = True
                 self._changed.notify_all()
+
+    def _on_retry(self, exc: BaseException, wait_s: float) -> None:
+        log.debug("monitor of %s: follow failed", self.job.id, exc_info=exc)
+        self._set_error(
+            f"lost the event stream ({type(exc).__name__}: {exc}); retrying in {wait_s:.0f} s"
+        )
+
+    def _sleep_unless_stopped(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise _Stopped
 
     def _initial_fold(self) -> None:
         name: str | None = None
@@ -528,99 +511,39 @@ class JobMonitor:
         except Exception as exc:
             # A drawing bug must not end following, nor pass unseen.
             log.warning("monitor of %s: redraw failed", self.job.id, exc_info=True)
-            self._error_widget.value = render.error_html(f"the monitor could not redraw: {exc!r}")
+            self._error_widget.value = snapshot_html.error_html(
+                f"the monitor could not redraw: {exc!r}"
+            )
             self._error_widget.layout.display = None
         finally:
             self._last_render = time.monotonic()
             self.num_renders += 1
 
-    def _chart_key_of(self, snap: JobSnapshot, metric: str | None) -> tuple[Any, ...]:
-        points = snap.series.get(metric, []) if metric else []
-        return (
-            metric,
-            len(points),
-            points[0] if points else None,
-            points[-1] if points else None,
-            tuple(snap.restarts_at_step),
-            len(snap.checkpoints),
-        )
-
     def _current_chart_png(self) -> bytes | None:
-        metric = self._chosen_metric(self._snapshot)
+        metric = chosen_metric(self._snapshot, self._metric)
         if metric is None:
             return None
-        if self._chart_key == self._chart_key_of(self._snapshot, metric):
+        if self._chart_key == chart_key_of(self._snapshot, metric):
             return self._chart_png
         return render_chart_png(
             self._snapshot, metric, width_px=CHART_WIDTH_PX, height_px=CHART_HEIGHT_PX
         )
 
-    def _chosen_metric(self, snap: JobSnapshot) -> str | None:
-        if self._metric is not None and self._metric in snap.series:
-            return self._metric
-        return render.default_metric(snap)
-
-    def _view(self) -> _View:
-        snap = self._snapshot
-        total = render.resolve_total_steps(snap, self.total_steps)
-        progress_max = total or 1
-        if snap.state is JobState.SUCCEEDED:
-            progress_value = progress_max  # done is done, whatever the last logged step
-        elif total is not None:
-            progress_value = min(snap.step or 0, total)
-        else:
-            progress_value = 0
-
-        metric = self._chosen_metric(snap)
-        key = self._chart_key_of(snap, metric)
-        chart_source = None
-        if key != self._chart_key:
-            points = list(snap.series.get(metric, [])) if metric is not None else []
-            chart_source = snap.model_copy(
-                update={
-                    "series": {metric: points} if metric is not None else {},
-                    "restarts_at_step": list(snap.restarts_at_step),
-                    "checkpoints": [dict(c) for c in snap.checkpoints],
-                }
-            )
-
-        log_ranks = sorted(snap.log_tail)
-        failing_rank = snap.failure.rank if snap.failure is not None else None
-        log_rank: int | None = log_ranks[0] if log_ranks else None
-        if self._log_rank is not None and self._log_rank in snap.log_tail:
-            log_rank = self._log_rank
-        elif failing_rank is not None and failing_rank in snap.log_tail:
-            log_rank = failing_rank  # what a user looks at first after a failure
-        logs = snap.log_tail.get(log_rank, []) if log_rank is not None else []
-
-        return _View(
-            state_html=render.badge_html(snap, name=self._name),
-            step_html=render.escape(render.progress_text(snap, total_steps=self.total_steps)),
-            progress_max=progress_max,
-            progress_value=progress_value,
-            bar_style=_BAR_STYLES.get(snap.state, ""),
-            # Without a total an empty bar would read "0% done": the step label and
-            # the rate carry the progress until the job has succeeded.
-            progress_shown=total is not None or snap.state is JobState.SUCCEEDED,
-            metrics_html=render.metrics_html(
-                snap, flops_per_step=self.flops_per_step, peak_flops=self.peak_flops
-            ),
-            metric_options=render.metric_names(snap),
-            metric=metric,
-            chart_key=key,
-            chart_source=chart_source,
+    def _view(self) -> MonitorView:
+        return monitor_view(
+            self._snapshot,
+            name=self._name,
+            total_steps=self.total_steps,
+            flops_per_step=self.flops_per_step,
+            peak_flops=self.peak_flops,
+            picked_metric=self._metric,
+            picked_log_rank=self._log_rank,
+            drawn_chart_key=self._chart_key,
             chart_png=self._chart_png,
-            util_html=render.utilization_html(snap),
-            checkpoints_html=render.checkpoints_html(snap),
-            failure_html=render.failure_html(snap),
-            log_ranks=log_ranks,
-            log_rank=log_rank,
-            logs_html=render.logs_html(logs) if log_rank is not None else "",
             error=self._error,
-            terminal=snap.state.terminal,
         )
 
-    def _apply(self, view: _View) -> None:
+    def _apply(self, view: MonitorView) -> None:
         # Assigning an unchanged value sends nothing to the browser (traitlets compares).
         self._state_widget.value = view.state_html
         self._step_widget.value = view.step_html
@@ -651,7 +574,7 @@ class JobMonitor:
         self._failure_widget.layout.display = None if view.failure_html else "none"
         self._log_rank_select.layout.display = None if view.log_ranks else "none"
         self._logs_widget.value = view.logs_html
-        self._error_widget.value = render.error_html(view.error) if view.error else ""
+        self._error_widget.value = snapshot_html.error_html(view.error) if view.error else ""
         self._error_widget.layout.display = None if view.error else "none"
         if view.terminal:
             self._cancel_button.disabled = True
@@ -660,7 +583,7 @@ class JobMonitor:
             self._cancel_button.disabled = self._cancel_clicked
 
     def _text(self) -> str:
-        return render.render_text(
+        return snapshot_html.render_text(
             self._snapshot,
             name=self._name,
             total_steps=self.total_steps,

@@ -34,7 +34,7 @@ from air_sdk.schema import (
     Placement,
     RankExit,
 )
-from air_sdk.schema.api import FailureKind
+from air_sdk.schema.events import Alert, FailureKind
 from air_sdk.store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -389,13 +389,12 @@ class JobController:
                 self._reported_stragglers.add(rank)
                 self.store.append_event(
                     self.job_id,
-                    EventType.ALERT,
-                    {
-                        "kind": "straggler",
-                        "rank": rank,
-                        "detail": f"rank {rank}'s step time stays above "
+                    Alert(
+                        kind="straggler",
+                        rank=rank,
+                        detail=f"rank {rank}'s step time stays above "
                         f"{self.straggler_policy.factor:g}x the other ranks'",
-                    },
+                    ),
                     attempt=self.attempt,
                     rank=rank,
                 )
@@ -536,7 +535,7 @@ class JobController:
         for ev in self.store.read_events(
             self.job_id, types=(EventType.RANK_EXIT,), attempt=self.attempt, limit=10_000
         ):
-            e = RankExit.model_validate(ev.data)
+            e = ev.payload_as(RankExit)
             exits[e.rank] = (e.ended_at or ev.ts, e)
         exit_dir = self.paths.attempt(self.attempt) / "exits"
         if exit_dir.is_dir():

@@ -28,7 +28,7 @@ from air_sdk.scheduler import (
     SchedulerState,
     fits_ever,
 )
-from air_sdk.schema import EventType, FailureInfo, JobRecord, JobSpec, JobState, Placement
+from air_sdk.schema import Alert, FailureInfo, JobRecord, JobSpec, JobState, Placement
 from air_sdk.store import SqliteStore
 from air_sdk.store.sqlite import ACTIVE_STATES
 
@@ -298,11 +298,10 @@ class Runner:
                 ctl.attach(handle)
                 self.store.append_event(
                     job.id,
-                    EventType.ALERT,
-                    {
-                        "kind": "reattached",
-                        "detail": f"a restarted gateway re-attached to attempt {current.attempt}",
-                    },
+                    Alert(
+                        kind="reattached",
+                        detail=f"a restarted gateway re-attached to attempt {current.attempt}",
+                    ),
                     attempt=current.attempt,
                 )
                 log.info("re-attached to %s attempt %s", job.id, current.attempt)

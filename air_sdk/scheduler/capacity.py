@@ -249,9 +249,6 @@ class Capacity:
     def free_gpus(self, node: int) -> int:
         return self.free_mask[node].bit_count()
 
-    def partition_of(self, node: int) -> Partition:
-        return self.partitions[self.part_index[node]]
-
     def locality(self, label: str | None) -> tuple[list[str | None], dict[int, bool]]:
         """Each node's value of `label`, and per partition whether values differ."""
         found = self._locality.get(label)

@@ -15,8 +15,8 @@ class TenantQuota:
     """Hard limits on what one tenant may hold at once, over all pools.
 
     Example:
-        >>> TenantQuota(gpus=8).allows(used_gpus=6, used_slots=0, gpus=4, slots=4)
-        False
+        >>> TenantQuota(gpus=8).slots is None  # no cap on rank slots
+        True
     """
 
     #: GPUs the tenant's running jobs may hold together; None is unlimited
@@ -28,11 +28,6 @@ class TenantQuota:
         for name, value in (("gpus", self.gpus), ("slots", self.slots)):
             if value is not None and value < 0:
                 raise ValueError(f"quota {name}={value} is negative: give 0 or more, or omit it")
-
-    def allows(self, *, used_gpus: int, used_slots: int, gpus: int, slots: int) -> bool:
-        if self.gpus is not None and used_gpus + gpus > self.gpus:
-            return False
-        return not (self.slots is not None and used_slots + slots > self.slots)
 
 
 UNLIMITED = TenantQuota()

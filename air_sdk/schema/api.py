@@ -27,6 +27,7 @@ missing one; every error body is an `ErrorBody`. See docs/security.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,11 +37,35 @@ from air_sdk.schema.events import (
     CheckpointRestore,
     CheckpointSkip,
     Event,
+    FailureInfo,
+    FailureKind,
+    LogBatch,
+    MetricsBatch,
     Placement,
-    RankExit,
 )
 from air_sdk.schema.spec import JobSpec
 from air_sdk.schema.state import JobState
+
+__all__ = [
+    "AttemptList",
+    "AttemptRecord",
+    "BundleInfo",
+    "CheckpointList",
+    "ErrorBody",
+    "EventPage",
+    "FailureInfo",
+    "FailureKind",
+    "GpuInfo",
+    "Health",
+    "Inventory",
+    "JobList",
+    "JobRecord",
+    "LogLine",
+    "LogPage",
+    "MetricRow",
+    "MetricsPage",
+    "NodeInfo",
+]
 
 
 class _Wire(BaseModel):
@@ -56,30 +81,6 @@ class BundleInfo(_Wire):
     sha256: str
     size: int
     num_files: int
-
-
-FailureKind = Literal[
-    "crash", "oom", "hang", "lost_node", "preempted", "timeout", "startup", "gateway", "internal"
-]
-
-
-class FailureInfo(_Wire):
-    """Why an attempt (and so perhaps the job) failed: the first failing rank."""
-
-    attempt: int
-    reason: str
-    kind: FailureKind = "crash"
-    node: str | None = None
-    rank: int | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    log_tail: list[str] = Field(default_factory=list)
-    rank_exits: list[RankExit] = Field(default_factory=list)
-    #: hangs: the ranks that stopped progressing, and every rank's Python stack
-    stalled_ranks: list[int] = Field(default_factory=list)
-    stacks: dict[int, str] = Field(default_factory=dict)
-    #: False for failures not charged to the restart budget (preemption, a lost gateway)
-    charged: bool = True
 
 
 class JobRecord(_Wire):
@@ -146,8 +147,30 @@ class LogLine(_Wire):
 
 
 class LogPage(_Wire):
+    """Log lines, oldest first, and the event `last_seq` they cover (follow on from there).
+
+    Example:
+        >>> log = Event(seq=4, job_id="j", ts=0, type="log", attempt=1, rank=0, data={"lines": ["a", "b"]})
+        >>> LogPage.from_events([log], after=0, tail=1)
+        LogPage(lines=[LogLine(attempt=1, rank=0, text='b')], last_seq=4)
+    """
+
     lines: list[LogLine]
     last_seq: int
+
+    @classmethod
+    def from_events(
+        cls, events: Sequence[Event], *, after: int, tail: int | None = None
+    ) -> LogPage:
+        """The lines of `log` events (oldest first), only the last `tail` when given."""
+        lines = [
+            LogLine(attempt=e.attempt or 0, rank=e.rank or 0, text=text)
+            for e in events
+            for text in e.payload_as(LogBatch).lines
+        ]
+        if tail is not None:
+            lines = lines[-tail:]
+        return cls(lines=lines, last_seq=events[-1].seq if events else after)
 
 
 class MetricRow(_Wire):
@@ -159,7 +182,38 @@ class MetricRow(_Wire):
 
 
 class MetricsPage(_Wire):
+    """Metric rows, one per logged point, optionally of one metric name.
+
+    Example:
+        >>> point = {"step": 1, "ts": 0.0, "values": {"loss": 2.0, "lr": 0.1}}
+        >>> e = Event(seq=2, job_id="j", ts=0, type="metrics", attempt=1, rank=0, data={"points": [point]})
+        >>> MetricsPage.from_events([e], name="loss").points[0].values
+        {'loss': 2.0}
+    """
+
     points: list[MetricRow]
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event], *, name: str | None = None) -> MetricsPage:
+        """The points of `metrics` events; with `name`, only rows that hold it, only it."""
+        rows = []
+        for e in events:
+            for p in e.payload_as(MetricsBatch).points:
+                values = p.values
+                if name is not None:
+                    if name not in values:
+                        continue
+                    values = {name: values[name]}
+                rows.append(
+                    MetricRow(
+                        attempt=e.attempt or 0,
+                        rank=e.rank or 0,
+                        step=p.step,
+                        ts=p.ts,
+                        values=values,
+                    )
+                )
+        return cls(points=rows)
 
 
 class CheckpointList(_Wire):
@@ -169,6 +223,27 @@ class CheckpointList(_Wire):
     commits: list[CheckpointCommit]
     skipped: list[CheckpointSkip] = Field(default_factory=list)
     restores: list[CheckpointRestore] = Field(default_factory=list)
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> CheckpointList:
+        """The records of `checkpoint` events, sorted into the three lists.
+
+        Example:
+            >>> e = Event(seq=5, job_id="j", ts=0, type="checkpoint",
+            ...           data={"step": 6, "path": "/c/6", "skipped": "sha256 mismatch"})
+            >>> CheckpointList.from_events([e]).skipped[0].step
+            6
+        """
+        commits, skipped, restores = [], [], []
+        for e in events:
+            match e.payload():
+                case CheckpointCommit() as commit:
+                    commits.append(commit)
+                case CheckpointSkip() as skip:
+                    skipped.append(skip)
+                case CheckpointRestore() as restore:
+                    restores.append(restore)
+        return cls(commits=commits, skipped=skipped, restores=restores)
 
 
 class GpuInfo(_Wire):

@@ -2,12 +2,38 @@
 
 Each event has a per-job sequence number starting at 1 with no gaps, so a reader
 that reconnects asks for `after=<last seq it saw>` and misses nothing.
+
+Every event type has one payload model here, and events are written and read
+through it (never as dicts by key):
+
+| `EventType`  | payload (`Event.payload()`)                                 | written by         |
+|--------------|-------------------------------------------------------------|--------------------|
+| `state`      | `StateChange` (with `FailureInfo` on a failure)             | the store          |
+| `attempt`    | `AttemptChange` (phase started / ended)                     | the store          |
+| `metrics`    | `MetricsBatch` (`MetricPoint`s), rank set                   | worker reports     |
+| `log`        | `LogBatch` (lines), rank set                                | worker reports     |
+| `rank_exit`  | `RankExit`, rank set                                        | worker reports     |
+| `checkpoint` | `CheckpointCommit`, `CheckpointSkip` or `CheckpointRestore` | worker reports     |
+| `util`       | `UtilBatch` (`DeviceSample`s), rank set                     | worker reports     |
+| `alert`      | `Alert` (straggler, reattached, ...)                        | the runner         |
+
+On the wire and in the store an event's `data` is the payload's JSON, as it
+always was, so stored rows read back unchanged. A reader ignores fields it does
+not know (a newer gateway may add some); a writer cannot add one by mistake.
+
+Example:
+    >>> event = Event.of(StateChange(state=JobState.RUNNING), seq=2, job_id="j", ts=0.0)
+    >>> event.type, event.data["state"]
+    (<EventType.STATE: 'state'>, 'RUNNING')
+    >>> event.payload().state
+    <JobState.RUNNING: 'RUNNING'>
 """
 
 from __future__ import annotations
 
+import builtins
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,41 +45,23 @@ MAX_LOG_LINE_CHARS = 16_384
 
 
 class EventType(str, Enum):
-    STATE = "state"  # data: StateChange
-    ATTEMPT = "attempt"  # data: AttemptChange
-    METRICS = "metrics"  # data: {"points": [MetricPoint...]}, rank set
-    LOG = "log"  # data: {"lines": [str...]}, rank set
-    RANK_EXIT = "rank_exit"  # data: RankExit, rank set
-    CHECKPOINT = "checkpoint"  # data: CheckpointCommit, or CheckpointSkip (has "skipped")
-    UTIL = "util"  # data: {"samples": [DeviceSample...]}, rank set (a node's sampler)
-    ALERT = "alert"  # data: {"kind": "straggler" | ..., "detail": str}, rank maybe set
+    """What an event says; its payload model is in the module's table."""
+
+    STATE = "state"
+    ATTEMPT = "attempt"
+    METRICS = "metrics"
+    LOG = "log"
+    RANK_EXIT = "rank_exit"
+    CHECKPOINT = "checkpoint"
+    UTIL = "util"
+    ALERT = "alert"
 
 
-class Event(BaseModel):
-    """One entry of a job's event log.
-
-    Example:
-        >>> Event(seq=1, job_id="j", ts=0.0, type="state", data={"state": "QUEUED"}).type
-        <EventType.STATE: 'state'>
-    """
-
+class _Payload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
-    seq: int = Field(ge=1)
-    job_id: str
-    ts: float
-    type: EventType
-    attempt: int | None = None
-    rank: int | None = None
-    data: dict[str, Any] = Field(default_factory=dict)
 
-
-class StateChange(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    state: JobState
-    previous: JobState | None = None
-    reason: str = ""
+# ---- where a job runs ---------------------------------------------------------------------
 
 
 class NodeAssignment(BaseModel):
@@ -76,31 +84,16 @@ class Placement(BaseModel):
     pool: str = "default"
 
 
-class AttemptChange(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    attempt: int
-    phase: Literal["started", "ended"]
-    placement: Placement | None = None
-    reason: str = ""
-    resumed_from_step: int | None = None
+# ---- how ranks and attempts end -----------------------------------------------------------
 
 
-class MetricPoint(BaseModel):
-    """One `air.log(step=..., **values)` call. NaN and infinities survive (a diverging
-    loss is worth seeing), written as the JSON constants Python reads back."""
+class RankExit(_Payload):
+    """How one rank's process ended, as seen by its supervisor (a `rank_exit` event).
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
-
-    step: int
-    ts: float
-    values: dict[str, float]
-
-
-class RankExit(BaseModel):
-    """How one rank's process ended, as seen by its supervisor."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Example:
+        >>> RankExit(rank=1, exit_code=3).describe()
+        'rank 1 exit code 3'
+    """
 
     rank: int
     node: str | None = None
@@ -123,6 +116,119 @@ class RankExit(BaseModel):
         return f"rank {self.rank} {how}"
 
 
+FailureKind = Literal[
+    "crash", "oom", "hang", "lost_node", "preempted", "timeout", "startup", "gateway", "internal"
+]
+
+
+class FailureInfo(_Payload):
+    """Why an attempt (and so perhaps the job) failed: the first failing rank.
+
+    Example:
+        >>> FailureInfo(attempt=1, reason="worker crashed", rank=1, exit_code=3).kind
+        'crash'
+    """
+
+    attempt: int
+    reason: str
+    kind: FailureKind = "crash"
+    node: str | None = None
+    rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    log_tail: list[str] = Field(default_factory=list)
+    rank_exits: list[RankExit] = Field(default_factory=list)
+    #: hangs: the ranks that stopped progressing, and every rank's Python stack
+    stalled_ranks: list[int] = Field(default_factory=list)
+    stacks: dict[int, str] = Field(default_factory=dict)
+    #: False for failures not charged to the restart budget (preemption, a lost gateway)
+    charged: bool = True
+
+
+# ---- control-plane events -----------------------------------------------------------------
+
+
+class StateChange(_Payload):
+    """A job moved to `state` (a `state` event); `failure` says why when it failed.
+
+    Example:
+        >>> StateChange(state=JobState.QUEUED, reason="submitted").previous is None
+        True
+    """
+
+    state: JobState
+    previous: JobState | None = None
+    reason: str = ""
+    failure: FailureInfo | None = None
+
+
+class AttemptChange(_Payload):
+    """An attempt started (with its placement and the step it resumes from) or ended.
+
+    Example:
+        >>> AttemptChange(attempt=2, phase="ended", reason="rank 1 exit code 3").phase
+        'ended'
+    """
+
+    attempt: int
+    phase: Literal["started", "ended"]
+    placement: Placement | None = None
+    reason: str = ""
+    resumed_from_step: int | None = None
+
+
+class Alert(_Payload):
+    """Something a person should notice that is not a state change: a straggling
+    rank, a gateway that re-attached to a running attempt.
+
+    Example:
+        >>> Alert(kind="straggler", rank=3, detail="rank 3 is slow").kind
+        'straggler'
+    """
+
+    kind: str
+    detail: str = ""
+    rank: int | None = None
+
+
+# ---- what workers report ------------------------------------------------------------------
+
+
+class MetricPoint(BaseModel):
+    """One `air.log(step=..., **values)` call. NaN and infinities survive (a diverging
+    loss is worth seeing), written as the JSON constants Python reads back."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    step: int
+    ts: float
+    values: dict[str, float]
+
+
+class MetricsBatch(_Payload):
+    """The points of one worker report (a `metrics` event; the event's rank logged them).
+
+    Example:
+        >>> MetricsBatch(points=[MetricPoint(step=1, ts=0.0, values={"loss": 2.5})]).points[0].step
+        1
+    """
+
+    points: list[MetricPoint] = Field(default_factory=list)
+    #: points the worker dropped because its buffer was full
+    dropped_points: int = Field(0, ge=0)
+
+
+class LogBatch(_Payload):
+    """Output lines of one rank (a `log` event), already redacted by the gateway.
+
+    Example:
+        >>> LogBatch(lines=["step 1"]).lines
+        ['step 1']
+    """
+
+    lines: list[str] = Field(default_factory=list)
+
+
 class DeviceSample(BaseModel):
     """Utilization of one device of one node at one time: a GPU (nvidia-ml-py) or, where
     there is none, the node's CPU and memory (psutil)."""
@@ -139,7 +245,18 @@ class DeviceSample(BaseModel):
     power_w: float | None = None
 
 
-class CheckpointCommit(BaseModel):
+class UtilBatch(_Payload):
+    """Device samples of one node's sampler (a `util` event).
+
+    Example:
+        >>> UtilBatch(samples=[DeviceSample(node="n0", device="cpu", ts=0.0)]).samples[0].device
+        'cpu'
+    """
+
+    samples: list[DeviceSample] = Field(default_factory=list)
+
+
+class CheckpointCommit(_Payload):
     """One committed checkpoint, reported by rank 0 once its manifest is in place.
 
     Example:
@@ -147,8 +264,6 @@ class CheckpointCommit(BaseModel):
         ...                  num_files=3, blocked_s=0.05, durable_s=1.5).step
         100
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     step: int = Field(ge=0)
     path: str
@@ -167,7 +282,7 @@ class CheckpointCommit(BaseModel):
     )
 
 
-class CheckpointSkip(BaseModel):
+class CheckpointSkip(_Payload):
     """A committed checkpoint that restore passed over (its files do not match its manifest).
 
     Example:
@@ -175,15 +290,13 @@ class CheckpointSkip(BaseModel):
         6
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     step: int = Field(ge=0)
     path: str
     skipped: str = Field(description="Why, e.g. 'file X does not match its manifest'.")
     attempt: int = 0
 
 
-class CheckpointRestore(BaseModel):
+class CheckpointRestore(_Payload):
     """The checkpoint an attempt resumed from, reported by rank 0 after a load.
 
     Example:
@@ -191,12 +304,145 @@ class CheckpointRestore(BaseModel):
         40
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     step: int = Field(ge=0)
     path: str
     restored: Literal[True] = True
     attempt: int = 0
+
+
+#: what a `checkpoint` event holds
+CheckpointRecord: TypeAlias = CheckpointCommit | CheckpointSkip | CheckpointRestore
+
+#: the payload of any event
+EventPayload: TypeAlias = (
+    StateChange
+    | AttemptChange
+    | MetricsBatch
+    | LogBatch
+    | RankExit
+    | CheckpointCommit
+    | CheckpointSkip
+    | CheckpointRestore
+    | UtilBatch
+    | Alert
+)
+
+#: event type -> the payload models it may hold (one, except checkpoints)
+PAYLOAD_MODELS: dict[EventType, tuple[type[_Payload], ...]] = {
+    EventType.STATE: (StateChange,),
+    EventType.ATTEMPT: (AttemptChange,),
+    EventType.METRICS: (MetricsBatch,),
+    EventType.LOG: (LogBatch,),
+    EventType.RANK_EXIT: (RankExit,),
+    EventType.CHECKPOINT: (CheckpointCommit, CheckpointSkip, CheckpointRestore),
+    EventType.UTIL: (UtilBatch,),
+    EventType.ALERT: (Alert,),
+}
+_TYPE_OF: dict[type[_Payload], EventType] = {
+    model: etype for etype, models in PAYLOAD_MODELS.items() for model in models
+}
+_P = TypeVar("_P", bound=BaseModel)
+
+
+def event_type_of(payload: EventPayload) -> EventType:
+    """The event type a payload is written as.
+
+    Example:
+        >>> event_type_of(LogBatch(lines=["hi"]))
+        <EventType.LOG: 'log'>
+    """
+    return _TYPE_OF[type(payload)]
+
+
+def parse_payload(etype: EventType, data: dict[str, Any]) -> EventPayload:
+    """`data` of an event of type `etype` as its payload model. Fields this version does
+    not know are ignored (a newer gateway may add some); a missing one is an error.
+
+    Example:
+        >>> parse_payload(EventType.CHECKPOINT, {"step": 6, "path": "/c/6", "skipped": "bad"})
+        CheckpointSkip(step=6, path='/c/6', skipped='bad', attempt=0)
+    """
+    model: type[EventPayload]
+    if etype is EventType.CHECKPOINT:
+        # The three records share `step` and `path`; a skip says why, a restore says so.
+        if "skipped" in data:
+            model = CheckpointSkip
+        elif data.get("restored"):
+            model = CheckpointRestore
+        else:
+            model = CheckpointCommit
+    else:
+        (model,) = PAYLOAD_MODELS[etype]  # type: ignore[assignment]
+    return model.model_validate(data, extra="ignore")
+
+
+# ---- the event ----------------------------------------------------------------------------
+
+
+class Event(BaseModel):
+    """One entry of a job's event log: its payload's JSON in `data`, typed by `payload()`.
+
+    Example:
+        >>> event = Event(seq=1, job_id="j", ts=0.0, type="log", rank=0, data={"lines": ["hi"]})
+        >>> event.payload()
+        LogBatch(lines=['hi'])
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    seq: int = Field(ge=1)
+    job_id: str
+    ts: float
+    type: EventType
+    attempt: int | None = None
+    rank: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        payload: EventPayload,
+        *,
+        seq: int,
+        job_id: str,
+        ts: float,
+        attempt: int | None = None,
+        rank: int | None = None,
+    ) -> Event:
+        """The event that carries `payload` (its type follows from the payload's model).
+
+        Example:
+            >>> Event.of(LogBatch(lines=["hi"]), seq=3, job_id="j", ts=0.0, rank=1).type
+            <EventType.LOG: 'log'>
+        """
+        return cls(
+            seq=seq,
+            job_id=job_id,
+            ts=ts,
+            type=event_type_of(payload),
+            attempt=attempt,
+            rank=rank,
+            data=payload.model_dump(mode="json"),
+        )
+
+    def payload(self) -> EventPayload:
+        """`data` as the payload model of this event's type (see `parse_payload`)."""
+        return parse_payload(self.type, self.data)
+
+    def payload_as(self, model: builtins.type[_P]) -> _P:
+        """The payload, which must be a `model` (for readers that asked for one type).
+
+        Example:
+            >>> Event(seq=1, job_id="j", ts=0.0, type="log", data={"lines": []}).payload_as(LogBatch)
+            LogBatch(lines=[])
+        """
+        payload = self.payload()
+        if not isinstance(payload, model):
+            raise ValueError(
+                f"event {self.seq} of job {self.job_id} is a {self.type.value} event,"
+                f" not a {model.__name__}"
+            )
+        return payload
 
 
 class WorkerReport(BaseModel):
@@ -204,6 +450,11 @@ class WorkerReport(BaseModel):
 
     Posted to `POST /v1/jobs/{job_id}/attempts/{attempt}/report` with the
     attempt's worker token. Any subset of the fields may be set.
+
+    Example:
+        >>> report = WorkerReport(rank=0, lines=["step 1"], heartbeat_step=1)
+        >>> [event_type_of(p).value for p in report.payloads()]
+        ['log']
     """
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
@@ -215,6 +466,19 @@ class WorkerReport(BaseModel):
     samples: list[DeviceSample] = Field(default_factory=list, max_length=1000)
     heartbeat_step: int | None = None
     dropped_points: int = Field(0, ge=0, description="Points dropped on the worker (buffer full).")
-    checkpoints: list[CheckpointCommit | CheckpointSkip | CheckpointRestore] = Field(
-        default_factory=list, max_length=100
-    )
+    checkpoints: list[CheckpointRecord] = Field(default_factory=list, max_length=100)
+
+    def payloads(self) -> list[EventPayload]:
+        """The events this report becomes, in the order they are stored: metrics, log
+        lines, device samples, checkpoint records, and last the rank's exit."""
+        out: list[EventPayload] = []
+        if self.points or self.dropped_points:
+            out.append(MetricsBatch(points=self.points, dropped_points=self.dropped_points))
+        if self.lines:
+            out.append(LogBatch(lines=self.lines))
+        if self.samples:
+            out.append(UtilBatch(samples=self.samples))
+        out.extend(self.checkpoints)
+        if self.exit is not None:
+            out.append(self.exit)
+        return out

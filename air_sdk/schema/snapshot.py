@@ -7,12 +7,24 @@ new event; a reconnecting reader continues from `snapshot.last_seq`.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from air_sdk.schema.api import FailureInfo
-from air_sdk.schema.events import DeviceSample, Event, EventType, RankExit
+from air_sdk.schema.events import (
+    Alert,
+    AttemptChange,
+    CheckpointCommit,
+    CheckpointRestore,
+    CheckpointSkip,
+    DeviceSample,
+    Event,
+    FailureInfo,
+    LogBatch,
+    MetricsBatch,
+    RankExit,
+    StateChange,
+    UtilBatch,
+)
 from air_sdk.schema.state import JobState
 
 #: points kept per metric name for charts; older points are thinned, not dropped at random
@@ -55,10 +67,10 @@ class JobSnapshot(BaseModel):
     failure: FailureInfo | None = None
     #: latest sample per "node/device"
     utilization: dict[str, DeviceSample] = Field(default_factory=dict)
-    #: committed checkpoints, oldest first (event data: step, path, size, seconds ...)
-    checkpoints: list[dict[str, Any]] = Field(default_factory=list)
+    #: committed checkpoints, oldest first
+    checkpoints: list[CheckpointCommit] = Field(default_factory=list)
     #: checkpoints restore passed over (files not matching their manifest), with why
-    skipped_checkpoints: list[dict[str, Any]] = Field(default_factory=list)
+    skipped_checkpoints: list[CheckpointSkip] = Field(default_factory=list)
     #: the step the current attempt resumed from (None: it started from scratch)
     resumed_from_step: int | None = None
 
@@ -82,69 +94,72 @@ class JobSnapshot(BaseModel):
         return (self.step - self.first_point_step) / (self.last_point_ts - self.first_point_ts)
 
     def apply(self, e: Event) -> None:
+        """Fold one event (one already folded, by `seq`, is skipped).
+
+        Example:
+            >>> snap = JobSnapshot(job_id="j")
+            >>> snap.apply(Event(seq=1, job_id="j", ts=0.0, type="log", rank=1, data={"lines": ["hi"]}))
+            >>> snap.log_tail
+            {1: ['hi']}
+        """
         if e.seq <= self.last_seq:
             return  # already folded (a reader may see an event twice across reconnects)
         self.last_seq = e.seq
-        handler = _HANDLERS.get(e.type)
-        if handler is not None:
-            handler(self, e)
+        match e.payload():
+            case StateChange() as change:
+                self._on_state(e.ts, change)
+            case AttemptChange() as change:
+                if change.phase == "started":
+                    self.attempt = change.attempt
+                    self.rank_exits = []
+                    self.resumed_from_step = None
+            case MetricsBatch() as batch:
+                self._on_metrics(e.rank or 0, batch)
+            case LogBatch() as batch:
+                tail = deque(self.log_tail.get(e.rank or 0, []), maxlen=50)
+                tail.extend(batch.lines)
+                self.log_tail[e.rank or 0] = list(tail)
+            case RankExit() as exit_:
+                self.rank_exits.append(exit_)
+            case UtilBatch() as batch:
+                for sample in batch.samples:
+                    self.utilization[f"{sample.node}/{sample.device}"] = sample
+            case CheckpointCommit() as commit:
+                self.checkpoints.append(commit)
+            case CheckpointSkip() as skip:
+                self.skipped_checkpoints.append(skip)
+            case CheckpointRestore() as restore:
+                self.resumed_from_step = restore.step
+            case Alert():
+                pass  # shown by the readers that list alerts, not part of the fold
 
-    def _on_state(self, e: Event) -> None:
-        self.state = JobState(e.data["state"])
-        self.state_reason = e.data.get("reason", "")
-        if e.data.get("failure"):
-            self.failure = FailureInfo.model_validate(e.data["failure"])
+    def _on_state(self, ts: float, change: StateChange) -> None:
+        self.state = change.state
+        self.state_reason = change.reason
+        if change.failure is not None:
+            self.failure = change.failure
         if self.state is JobState.RUNNING and self.started_at is None:
-            self.started_at = e.ts
+            self.started_at = ts
         if self.state is JobState.RESTARTING:
             self.num_restarts += 1
             if self.step is not None:
                 self.restarts_at_step.append(self.step)
         if self.state.terminal:
-            self.ended_at = e.ts
+            self.ended_at = ts
 
-    def _on_attempt(self, e: Event) -> None:
-        if e.data.get("phase") == "started":
-            self.attempt = int(e.data["attempt"])
-            self.rank_exits = []
-            self.resumed_from_step = None
-
-    def _on_metrics(self, e: Event) -> None:
-        rank = e.rank or 0
-        for p in e.data.get("points", []):
-            step, ts, values = int(p["step"]), float(p["ts"]), p["values"]
+    def _on_metrics(self, rank: int, batch: MetricsBatch) -> None:
+        for p in batch.points:
             if self.first_point_ts is None:
-                self.first_point_ts, self.first_point_step = ts, step
-            if self.step is None or step >= self.step:
-                self.step = step
-                self.last_point_ts = ts
-            for name, value in values.items():
+                self.first_point_ts, self.first_point_step = p.ts, p.step
+            if self.step is None or p.step >= self.step:
+                self.step = p.step
+                self.last_point_ts = p.ts
+            for name, value in p.values.items():
                 if rank == 0 or name not in self.latest:
-                    self.latest[name] = float(value)
+                    self.latest[name] = value
                 if rank == 0:
-                    _append_point(self.series.setdefault(name, []), step, float(value))
-        self.dropped_points += int(e.data.get("dropped_points", 0))
-
-    def _on_log(self, e: Event) -> None:
-        tail = deque(self.log_tail.get(e.rank or 0, []), maxlen=50)
-        tail.extend(e.data.get("lines", []))
-        self.log_tail[e.rank or 0] = list(tail)
-
-    def _on_rank_exit(self, e: Event) -> None:
-        self.rank_exits.append(RankExit.model_validate(e.data))
-
-    def _on_util(self, e: Event) -> None:
-        for raw in e.data.get("samples", []):
-            sample = DeviceSample.model_validate(raw)
-            self.utilization[f"{sample.node}/{sample.device}"] = sample
-
-    def _on_checkpoint(self, e: Event) -> None:
-        if "skipped" in e.data:
-            self.skipped_checkpoints.append(dict(e.data))
-        elif e.data.get("restored"):
-            self.resumed_from_step = int(e.data["step"])
-        else:
-            self.checkpoints.append(dict(e.data))
+                    _append_point(self.series.setdefault(name, []), p.step, value)
+        self.dropped_points += batch.dropped_points
 
 
 def _append_point(points: list[tuple[int, float]], step: int, value: float) -> None:
@@ -153,14 +168,3 @@ def _append_point(points: list[tuple[int, float]], step: int, value: float) -> N
         # Keep the shape of a long run: drop every other point of the older half.
         half = len(points) // 2
         points[:half] = points[:half:2]
-
-
-_HANDLERS: dict[EventType, Any] = {
-    EventType.STATE: JobSnapshot._on_state,
-    EventType.ATTEMPT: JobSnapshot._on_attempt,
-    EventType.METRICS: JobSnapshot._on_metrics,
-    EventType.LOG: JobSnapshot._on_log,
-    EventType.RANK_EXIT: JobSnapshot._on_rank_exit,
-    EventType.UTIL: JobSnapshot._on_util,
-    EventType.CHECKPOINT: JobSnapshot._on_checkpoint,
-}

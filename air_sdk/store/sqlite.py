@@ -23,18 +23,22 @@ from typing import Any
 
 from air_sdk.redact import REDACTED, Redactor, is_secret_env, secret_values
 from air_sdk.schema import (
+    AttemptChange,
     AttemptRecord,
     Event,
+    EventPayload,
     EventType,
     FailureInfo,
     JobRecord,
     JobSpec,
     JobState,
     Placement,
+    StateChange,
     TenantInfo,
     TokenInfo,
 )
 from air_sdk.schema.admin import ROLES
+from air_sdk.schema.events import event_type_of
 from air_sdk.schema.state import check_transition
 from air_sdk.store.secret_env import SecretEnvStore
 
@@ -270,9 +274,6 @@ class SqliteStore:
         rows = self._read("SELECT id, created_at FROM tenants ORDER BY created_at, id")
         return [TenantInfo(id=r["id"], created_at=r["created_at"]) for r in rows]
 
-    def count_tokens(self) -> int:
-        return int(self._read("SELECT COUNT(*) FROM tokens WHERE revoked_at IS NULL")[0][0])
-
     # ---- bundles ------------------------------------------------------------------------
 
     def add_bundle(self, tenant: str, sha256: str, size: int, num_files: int, path: str) -> None:
@@ -333,12 +334,7 @@ class SqliteStore:
                     self._queue_order,
                 ),
             )
-            self._append(
-                c,
-                job_id,
-                EventType.STATE,
-                {"state": "QUEUED", "previous": None, "reason": "submitted"},
-            )
+            self._append(c, job_id, StateChange(state=JobState.QUEUED, reason="submitted"))
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return self._job(row), True
 
@@ -405,10 +401,8 @@ class SqliteStore:
                 sets.append("failure = ?")
                 args.append(failure.model_dump_json())
             c.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, job_id))
-            data: dict[str, Any] = {"state": state.value, "previous": prev.value, "reason": reason}
-            if failure is not None:
-                data["failure"] = failure.model_dump(mode="json")
-            self._append(c, job_id, EventType.STATE, data, attempt=row["attempt"] or None)
+            change = StateChange(state=state, previous=prev, reason=reason, failure=failure)
+            self._append(c, job_id, change, attempt=row["attempt"] or None)
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if state.terminal:
             self._secrets.delete(job_id)  # nothing launches an ended job again
@@ -447,18 +441,13 @@ class SqliteStore:
                     resumed_from_step,
                 ),
             )
-            self._append(
-                c,
-                job_id,
-                EventType.ATTEMPT,
-                {
-                    "attempt": attempt,
-                    "phase": "started",
-                    "placement": placement.model_dump(mode="json"),
-                    "resumed_from_step": resumed_from_step,
-                },
+            started = AttemptChange(
                 attempt=attempt,
+                phase="started",
+                placement=placement,
+                resumed_from_step=resumed_from_step,
             )
+            self._append(c, job_id, started, attempt=attempt)
         return attempt, token
 
     def end_attempt(
@@ -478,13 +467,8 @@ class SqliteStore:
                     attempt,
                 ),
             )
-            self._append(
-                c,
-                job_id,
-                EventType.ATTEMPT,
-                {"attempt": attempt, "phase": "ended", "reason": reason},
-                attempt=attempt,
-            )
+            ended = AttemptChange(attempt=attempt, phase="ended", reason=reason)
+            self._append(c, job_id, ended, attempt=attempt)
 
     def list_attempts(self, job_id: str) -> list[AttemptRecord]:
         rows = self._read("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
@@ -548,8 +532,7 @@ class SqliteStore:
         self,
         c: sqlite3.Connection,
         job_id: str,
-        etype: EventType,
-        data: dict[str, Any],
+        payload: EventPayload,
         *,
         attempt: int | None = None,
         rank: int | None = None,
@@ -557,10 +540,18 @@ class SqliteStore:
         seq = c.execute(
             "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", (job_id,)
         ).fetchone()[0]
-        data = self.job_redactor(job_id).value(data)
+        data = self.job_redactor(job_id).value(payload.model_dump(mode="json"))
         c.execute(
             "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (job_id, seq, time.time(), etype.value, attempt, rank, json.dumps(data)),
+            (
+                job_id,
+                seq,
+                time.time(),
+                event_type_of(payload).value,
+                attempt,
+                rank,
+                json.dumps(data),
+            ),
         )
         self._last_seq[job_id] = seq
         return seq
@@ -568,40 +559,56 @@ class SqliteStore:
     def append_event(
         self,
         job_id: str,
-        etype: EventType,
-        data: dict[str, Any],
+        payload: EventPayload,
         *,
         attempt: int | None = None,
         rank: int | None = None,
     ) -> int:
+        """Append one event (its type follows from the payload's model); returns its seq.
+
+        Example:
+            >>> from air_sdk.schema import Alert
+            >>> store = SqliteStore(":memory:")
+            >>> job, _ = store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
+            >>> store.append_event(job.id, Alert(kind="straggler", rank=3), rank=3)
+            2
+        """
         with self._tx() as c:
-            return self._append(c, job_id, etype, data, attempt=attempt, rank=rank)
+            return self._append(c, job_id, payload, attempt=attempt, rank=rank)
 
     def append_worker_events(
         self,
         job_id: str,
         attempt: int,
         rank: int,
-        items: list[tuple[EventType, str]],
+        items: list[EventPayload],
         heartbeat_step: int | None,
         *,
         progress: bool = False,
     ) -> None:
-        """Append pre-serialised worker events and note the heartbeat, in one transaction.
-        `items` are (type, data JSON) so the hot ingest path serialises once. `progress`
+        """Append a worker report's events (`WorkerReport.payloads()`, already redacted)
+        and note the heartbeat, in one transaction. `progress`
         marks a report from the training loop itself (air.log / air.heartbeat), as
         opposed to its supervisor's output lines or device samples: only those count
         against hangs."""
         now = time.time()
         with self._tx() as c:
-            for etype, data_json in items:
+            for payload in items:
                 seq = c.execute(
                     "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
                     (job_id,),
                 ).fetchone()[0]
                 c.execute(
                     "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (job_id, seq, now, etype.value, attempt, rank, data_json),
+                    (
+                        job_id,
+                        seq,
+                        now,
+                        event_type_of(payload).value,
+                        attempt,
+                        rank,
+                        payload.model_dump_json(),
+                    ),
                 )
                 self._last_seq[job_id] = seq
             c.execute(

@@ -1,11 +1,13 @@
-"""The import rules of the architecture, checked on the source (AST), so a new import
-that breaks a layer fails here rather than in a deployment."""
+"""The import rules of the architecture (docs/architecture.md, "Import direction"),
+checked on the source (AST) for every package, so a new import that breaks a layer
+fails here rather than in a deployment."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,76 +15,160 @@ import pytest
 import air_sdk
 
 ROOT = Path(air_sdk.__file__).parent
+REPO = ROOT.parent
 
-# package -> prefixes it must never import (at module level or inside functions)
-FORBIDDEN = {
-    "schema": ["air_sdk.", "fastapi", "torch", "requests"],
-    "scheduler": [
-        "air_sdk.store",
-        "air_sdk.gateway",
-        "air_sdk.runner",
-        "air_sdk.client",
-        "fastapi",
-        "requests",
-        "sqlite3",
-        "torch",
-    ],
-    "store": ["air_sdk.gateway", "air_sdk.runner", "air_sdk.client", "fastapi", "torch"],
-    "runner": ["air_sdk.gateway", "air_sdk.client", "fastapi"],
-    "client": [
-        "air_sdk.gateway",
-        "air_sdk.runner",
-        "air_sdk.store",
-        "torch",
-        "ipywidgets",
-        "fastapi",
-    ],
-    "runtime": [
-        "air_sdk.gateway",
-        "air_sdk.runner",
-        "air_sdk.store",
-        "air_sdk.client",
-        "fastapi",
-        "uvicorn",
-    ],
-    "bundle": ["air_sdk.gateway", "air_sdk.runner", "air_sdk.store", "air_sdk.client", "torch"],
-    "render": [
-        "air_sdk.gateway",
-        "air_sdk.runner",
-        "air_sdk.store",
-        "air_sdk.client",
-        "torch",
-        "kubernetes",
-    ],
+
+@dataclass(frozen=True)
+class Rule:
+    """What the code of one package may import."""
+
+    #: parts of air_sdk it may import anywhere (packages, or dotted modules inside them)
+    may: frozenset[str]
+    #: parts of air_sdk it may import only inside functions (lazily) or for type checking
+    lazily: frozenset[str] = frozenset()
+    #: third-party packages it must never import
+    never: frozenset[str] = frozenset()
+
+
+def rule(may: str = "", lazily: str = "", never: str = "") -> Rule:
+    return Rule(frozenset(may.split()), frozenset(lazily.split()), frozenset(never.split()))
+
+
+SERVER = "fastapi starlette uvicorn sqlite3"
+NOTEBOOK_UI = "ipywidgets IPython matplotlib"
+
+#: every package (and top-level module) of air_sdk, and magics
+RULES: dict[str, Rule] = {
+    # the wire contract: pydantic only
+    "schema": rule("schema", never=f"{SERVER} torch requests typer rich {NOTEBOOK_UI}"),
+    "errors": rule(never=f"{SERVER} torch requests pydantic"),
+    "config": rule("errors", never=f"{SERVER} torch requests"),
+    "gateway_config": rule("config errors", never=f"{SERVER} torch requests"),
+    "redact": rule("", never=f"{SERVER} torch requests"),
+    "bundle": rule("errors", never=f"{SERVER} torch requests"),
+    # pure decisions: no HTTP, SQL or torch
+    "scheduler": rule("schema errors", never=f"{SERVER} torch requests"),
+    "store": rule("schema redact errors", never="fastapi starlette uvicorn torch requests"),
+    # imported by training code inside workers: no server code
+    "runtime": rule("runtime schema errors", never=f"{SERVER} typer {NOTEBOOK_UI}"),
+    "runner": rule(
+        "runner scheduler store schema errors redact _agent runtime",
+        lazily="bundle",
+        never=f"fastapi starlette uvicorn requests {NOTEBOOK_UI}",
+    ),
+    # the HTTP face may use everything below it; of the client only the local-gateway helper
+    "gateway": rule(
+        "gateway runner store scheduler schema bundle redact errors config gateway_config"
+        " client.local_gateway",
+        never=f"torch typer {NOTEBOOK_UI}",
+    ),
+    # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()
+    "client": rule(
+        "client schema errors config gateway_config bundle",
+        lazily="notebook.monitor",
+        never=f"{SERVER} torch typer rich {NOTEBOOK_UI}",
+    ),
+    "notebook": rule("notebook client schema errors", never=f"{SERVER} torch typer rich"),
+    # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
+    "cli": rule(
+        "cli client schema errors config gateway_config",
+        lazily="gateway.server manifests bundle examples",
+        never=f"{SERVER} torch {NOTEBOOK_UI}",
+    ),
+    "manifests": rule("manifests schema errors redact", never=f"{SERVER} torch kubernetes"),
+    "examples": rule("runtime", never=SERVER),
+    "_agent": rule("", never=SERVER),
+    "__init__": rule("errors", lazily="client schema"),
+    # thin: parse, call the client or the notebook helpers; never the gateway
+    "magics": rule("client notebook schema errors config", never=f"{SERVER} torch typer"),
 }
-ALLOWED_SCHEMA_IMPORTS = ("air_sdk.schema",)
 
 
-def imports_of(path: Path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.extend(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
-    return names
+def _sources(package: str) -> list[Path]:
+    if package == "magics":
+        return sorted((REPO / "magics").rglob("*.py"))
+    if (ROOT / package).is_dir():
+        return sorted((ROOT / package).rglob("*.py"))
+    return [ROOT / f"{package}.py"]
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(path: Path) -> list[tuple[str, bool]]:
+    """(module, imported at module level when the module runs) for every import."""
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, eager: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                found.extend((a.name, eager) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                # `from air_sdk.client import local_gateway` imports air_sdk.client.local_gateway
+                found.extend((f"{child.module}.{a.name}", eager) for a in child.names)
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                visit(child, False)
+            elif isinstance(child, ast.If) and _is_type_checking(child):
+                for stmt in child.body:  # only for the type checker: never runs
+                    visit(ast.Module(body=[stmt], type_ignores=[]), False)
+                for stmt in child.orelse:
+                    visit(ast.Module(body=[stmt], type_ignores=[]), eager)
+            else:
+                visit(child, eager)
+
+    visit(ast.parse(path.read_text()), True)
+    return found
+
+
+def _covered(name: str, allowed: frozenset[str]) -> bool:
+    """`air_sdk.<name>` is one of `allowed` (a package, or a module inside one)."""
+    return any(name == a or name.startswith(a + ".") for a in allowed)
+
+
+def test_every_package_has_a_rule():
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.rglob("*.py"))}
+    modules = {p.stem for p in ROOT.glob("*.py")}
+    assert sorted(packages | modules | {"magics"}) == sorted(RULES)
+
+
+@pytest.mark.parametrize("package", sorted(RULES))
 def test_layer_rules(package):
+    rule_ = RULES[package]
+    own = frozenset({package})  # a package may always import its own modules
     offenders = []
-    for path in (ROOT / package).rglob("*.py"):
-        for name in imports_of(path):
-            if package == "schema" and name.startswith(ALLOWED_SCHEMA_IMPORTS):
+    for path in _sources(package):
+        where = path.relative_to(REPO)
+        for name, eager in imports_of(path):
+            top = name.split(".")[0]
+            if top in rule_.never:
+                offenders.append(f"{where} imports {name}")
+            if top != "air_sdk" or name in ("air_sdk", "air_sdk.__version__"):
                 continue
-            for prefix in FORBIDDEN[package]:
-                if (
-                    name == prefix.rstrip(".")
-                    or name.startswith(prefix.rstrip(".") + ".")
-                    or (prefix.endswith(".") and name.startswith(prefix))
-                ):
-                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+            inner = name.removeprefix("air_sdk.")
+            if _covered(inner, rule_.may | own) or (not eager and _covered(inner, rule_.lazily)):
+                continue
+            how = "at module level" if eager and _covered(inner, rule_.lazily) else ""
+            offenders.append(f"{where} imports {name} {how}".rstrip())
     assert offenders == []
+
+
+def test_the_rules_find_a_broken_layer(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import fastapi\nfrom air_sdk.gateway import app\n"
+        "def f():\n    from air_sdk.notebook.monitor import JobMonitor\n"
+        "if TYPE_CHECKING:\n    from air_sdk.runner import Runner\n"
+    )
+    assert imports_of(bad) == [
+        ("fastapi", True),
+        ("air_sdk.gateway.app", True),
+        ("air_sdk.notebook.monitor.JobMonitor", False),
+        ("air_sdk.runner.Runner", False),
+    ]
 
 
 def test_import_air_sdk_stays_light():
@@ -93,6 +179,18 @@ def test_import_air_sdk_stays_light():
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_magics_and_their_helpers_load_no_gateway():
+    code = (
+        "import sys, magics.air, air_sdk.client.local_gateway, air_sdk.notebook.cell_job\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('air_sdk.gateway.', 'fastapi',"
+        " 'air_sdk.runner', 'air_sdk.store', 'uvicorn'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -111,18 +209,13 @@ def test_only_the_ray_backend_imports_ray_and_only_lazily():
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
         ray_module = rel.parts[:2] == ("runner", "backends") and "ray" in path.stem
-        if not ray_module:
-            offenders += [f"{rel} imports {n}" for n in imports_of(path) if _is_ray(n)]
-            continue
-        for node in ast.parse(path.read_text()).body:  # module level: must stay lazy
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom) and node.level == 0
-                else []
-            )
-            offenders += [f"{rel} imports {n} at module level" for n in names if _is_ray(n)]
+        for name, eager in imports_of(path):
+            if not _is_ray(name):
+                continue
+            if not ray_module:
+                offenders.append(f"{rel} imports {name}")
+            elif eager:
+                offenders.append(f"{rel} imports {name} at module level")
     assert offenders == []
 
 

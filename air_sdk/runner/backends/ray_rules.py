@@ -188,8 +188,8 @@ def gateway_unreachable(
     loopback gateway URL only works for nodes on the gateway's own machine.
 
     Example:
-        >>> gateway_unreachable("http://127.0.0.1:8470", ["10.0.0.5"], ["127.0.0.1", "10.0.0.2"])[:40]
-        'ranks on 10.0.0.5 cannot reach the gate'
+        >>> gateway_unreachable("http://127.0.0.1:8470", ["10.0.0.5"], ["127.0.0.1", "10.0.0.2"])[:34]
+        'ranks on 10.0.0.5 cannot reach the'
         >>> gateway_unreachable("https://air.example.com", ["10.0.0.5"], ["10.0.0.2"]) is None
         True
     """

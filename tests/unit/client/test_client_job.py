@@ -131,6 +131,56 @@ def test_follow_gives_up_after_repeated_drops(waits: list[float]) -> None:
         list(job.follow())
 
 
+def test_follow_without_a_limit_keeps_reconnecting_and_says_so(waits: list[float]) -> None:
+    drops = 8  # more than the client's max_attempts (3)
+
+    def handler(request: requests.PreparedRequest) -> requests.Response:
+        nonlocal drops
+        if drops:
+            drops -= 1
+            raise requests.ConnectionError("[Errno 111] Connection refused")
+        return mock_response(200, chunks=sse(state(1, JobState.SUCCEEDED)))
+
+    heard: list[tuple[str, float]] = []
+    job, _ = job_with(handler)
+    events = list(job.follow(max_attempts=None, on_retry=lambda e, s: heard.append((str(e), s))))
+    assert [e.seq for e in events] == [1]
+    # every 3 refused tries (the client's max_attempts) the request gives up; follow waits on
+    assert [text.split(": ", 1)[1] for text, _ in heard] == [
+        "Connection refused; start one with `air gateway start`"
+    ] * 2
+    assert all(0 <= w <= _http.BACKOFF_MAX_S for w in waits)
+
+
+def test_the_wait_grows_over_a_run_of_drops_and_starts_over_after_an_event(
+    waits: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_http.random, "uniform", lambda low, high: high)  # the cap itself
+    streams = [
+        sse(then=requests.exceptions.ChunkedEncodingError()),
+        sse(then=requests.exceptions.ChunkedEncodingError()),
+        sse(event(1), then=requests.exceptions.ChunkedEncodingError()),
+        sse(state(2, JobState.SUCCEEDED)),
+    ]
+    job, _ = job_with(lambda request: mock_response(200, chunks=streams.pop(0)))
+    assert [e.seq for e in job.follow()] == [1, 2]
+    assert waits == [0.25, 0.5, 0.25]
+
+
+def test_stopping_early_closes_the_stream(waits: list[float]) -> None:
+    responses: list[requests.Response] = []
+
+    def handler(request: requests.PreparedRequest) -> requests.Response:
+        responses.append(mock_response(200, chunks=sse(event(1), event(2))))
+        return responses[-1]
+
+    job, _ = job_with(handler)
+    stream = job.follow()
+    assert next(stream).seq == 1
+    stream.close()  # e.g. Ctrl-C in `air logs -f`: no reconnect, no wait
+    assert responses[0].raw.closed and waits == [] and len(responses) == 1
+
+
 def test_follow_skips_unknown_event_types(waits: list[float]) -> None:
     unknown = b'id: 2\ndata: {"seq": 2, "job_id": "j-1", "ts": 0, "type": "future"}\n\n'
     chunks = sse(event(1))

@@ -1,5 +1,6 @@
 """Where a gateway may listen: loopback always; anything else only with TLS or an
-explicit --insecure-bind; TLS reaches uvicorn; options survive a detached start."""
+explicit --insecure-bind; TLS reaches uvicorn; options survive a detached start (as JSON,
+not argv) and can come from AIR_GATEWAY_* env vars."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from air_sdk.client import local_gateway
 from air_sdk.errors import AirError
 from air_sdk.gateway import server
 from air_sdk.gateway.options import RateLimit, RequestLimits, check_bind, is_loopback
-from air_sdk.gateway.server import GatewayOptions
+from air_sdk.gateway_config import OPTIONS_ENV, GatewayOptions
 
 
 @pytest.fixture
@@ -49,7 +51,8 @@ def test_build_refuses_an_open_bind_and_serves_the_configured_host(tmp_path):
     opts = GatewayOptions(host="0.0.0.0", home=tmp_path, insecure_bind=True)
     app, token = server.build(opts)
     assert token.startswith("air_")
-    assert "0.0.0.0" in opts.security.all_hosts() and "[::1]" in opts.security.all_hosts()
+    hosts = server.security_options(opts).all_hosts()
+    assert "0.0.0.0" in hosts and "[::1]" in hosts
     assert opts.worker_url.startswith("http://127.0.0.1:")
 
 
@@ -70,22 +73,54 @@ def test_tls_reaches_uvicorn_and_makes_the_url_https(tmp_path, tls, monkeypatch)
     assert seen["host"] == "0.0.0.0" and seen["server_header"] is False
 
 
-def test_the_detached_command_line_carries_every_option(tmp_path, tls, monkeypatch):
+def test_a_detached_gateway_gets_every_option_as_data(tmp_path, tls, monkeypatch):
     seen: list[GatewayOptions] = []
+    spawned: list[dict[str, str]] = []
     monkeypatch.setattr(server, "serve", seen.append)
     limits = RequestLimits(user_rate=RateLimit(per_s=5, burst=7), anonymous_rate=None)
-    argv = [
-        "--host", "0.0.0.0", "--port", "9", "--home", str(tmp_path),
-        "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]),
-        "--allow-host", "gpu-box.lan", "--cors-origin", "https://lab.example",
-        "--limits-json", limits.to_json(),
-    ]  # fmt: skip
-    server.main(argv)
-    opts = seen[0]
-    assert (opts.host, opts.port, opts.tls_cert, opts.tls_key) == ("0.0.0.0", 9, *tls)
-    assert opts.allowed_hosts == ("gpu-box.lan",)
-    assert opts.cors_origins == ("https://lab.example",)
-    assert opts.limits == limits
+    opts = GatewayOptions(
+        host="0.0.0.0",
+        port=9,
+        home=tmp_path,
+        tls_cert=tls[0],
+        tls_key=tls[1],
+        allowed_hosts=("gpu-box.lan",),
+        cors_origins=("https://lab.example",),
+        limits=limits,
+        num_nodes=3,
+        slots_per_node=2,
+        write_client_config=False,
+    )
+
+    class Spawned:
+        pid, returncode = 4242, 1
+
+        def __init__(self, cmd, *, env, **kw):
+            assert cmd[1:] == ["-m", "air_sdk.gateway.server"]  # no option travels as argv
+            spawned.append(env)
+
+        def poll(self):
+            return 1  # "exited": the test runs the child's main() itself below
+
+    monkeypatch.setattr(local_gateway.subprocess, "Popen", Spawned)
+    with pytest.raises(AirError, match="the gateway exited with code 1"):
+        local_gateway.start_detached(opts)
+
+    monkeypatch.setenv(OPTIONS_ENV, spawned[0][OPTIONS_ENV])
+    server.main()
+    assert seen == [opts]
+    assert seen[0].limits == limits and seen[0].allowed_hosts == ("gpu-box.lan",)
+
+
+def test_a_gateway_without_options_json_reads_its_env(tmp_path, monkeypatch):
+    seen: list[GatewayOptions] = []
+    monkeypatch.setattr(server, "serve", seen.append)
+    monkeypatch.delenv(OPTIONS_ENV, raising=False)
+    monkeypatch.setenv("AIR_GATEWAY_PORT", "9123")
+    monkeypatch.setenv("AIR_GATEWAY_HOME", str(tmp_path))
+    monkeypatch.setenv("AIR_GATEWAY_ALLOWED_HOSTS", '["gpu-box.lan"]')
+    server.main()
+    assert (seen[0].port, seen[0].home, seen[0].allowed_hosts) == (9123, tmp_path, ("gpu-box.lan",))
 
 
 def test_air_gateway_start_refuses_an_open_host_with_the_fix(tmp_path):

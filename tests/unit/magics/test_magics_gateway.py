@@ -1,6 +1,7 @@
 """`%air gateway start|stop|status`: an embedded gateway for the notebook, reused when
 one is up, with the client config written so `Client()` finds it (no processes here:
-the server's start/stop functions are replaced)."""
+the client-side helper's start/stop functions are replaced; the magic never imports
+the gateway)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
 import magics.air as air_magics
+from air_sdk.client import local_gateway
+from air_sdk.client.local_gateway import GatewayProcess
 from air_sdk.config import load_client_settings
 from air_sdk.errors import TransportError
-from air_sdk.gateway import server
-from air_sdk.gateway.server import GatewayOptions, GatewayProcess
+from air_sdk.gateway_config import GatewayOptions
 from air_sdk.schema.api import Health, Inventory, NodeInfo
 
 
@@ -78,7 +80,7 @@ def fake_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeServer:
     monkeypatch.delenv("AIR_TOKEN", raising=False)
     fake = FakeServer(home)
     for name in ("running_gateway", "start_detached", "stop_detached"):
-        monkeypatch.setattr(server, name, getattr(fake, name))
+        monkeypatch.setattr(local_gateway, name, getattr(fake, name))
 
     def make_client(url: str | None = None, token: str | None = None, **kw: Any) -> FakeClient:
         return FakeClient(url, up=fake.running is not None)

@@ -26,7 +26,7 @@ def heavy_in(modules: list[str]) -> list[str]:
 
 
 def test_package_and_renderers_import_no_widgets_or_matplotlib() -> None:
-    loaded = loaded_after("import air_sdk.notebook, air_sdk.notebook.render")
+    loaded = loaded_after("import air_sdk.notebook, air_sdk.notebook.snapshot_html")
     assert heavy_in(loaded) == []
 
 
@@ -39,7 +39,7 @@ def test_lazy_exports_resolve_and_all_is_sorted() -> None:
     assert air_sdk.notebook.__all__ == sorted(air_sdk.notebook.__all__)
     from air_sdk.notebook.chart import render_chart_png
     from air_sdk.notebook.monitor import JobMonitor
-    from air_sdk.notebook.render import render_html, render_text
+    from air_sdk.notebook.snapshot_html import render_html, render_text
 
     assert air_sdk.notebook.JobMonitor is JobMonitor
     assert air_sdk.notebook.render_chart_png is render_chart_png

@@ -259,7 +259,16 @@ def test_utilization_and_checkpoint_tables(make_monitor) -> None:
     job.start_running()
     sample = {"node": "node-a", "device": "gpu0", "ts": 1.0, "util_pct": 87.0, "power_w": 250.0}
     job.push("util", rank=0, samples=[sample])
-    job.push("checkpoint", step=100, path="/ck/100", size=2048, seconds=0.5)
+    job.push(
+        "checkpoint",
+        step=100,
+        path="/ck/100",
+        world_size=2,
+        size_bytes=2048,
+        num_files=3,
+        blocked_s=0.05,
+        durable_s=0.5,
+    )
     checkpoints = find(monitor.widget, "air-checkpoints")
     wait_until(lambda: "/ck/100" in checkpoints.value, "the checkpoint row")
     assert "0.50 s" in checkpoints.value and "2.0 KiB" in checkpoints.value
@@ -425,7 +434,7 @@ def test_a_drawing_bug_is_shown_not_lost(make_monitor, monkeypatch) -> None:
         raise RuntimeError("kaboom")
 
     monitor, job = make_monitor()
-    monkeypatch.setattr(monitor_module.render, "utilization_html", broken)
+    monkeypatch.setattr(monitor_module.snapshot_html, "utilization_html", broken)
     job.start_running()
     error = find(monitor.widget, "air-error")
     wait_until(lambda: "kaboom" in error.value, "the drawing error")

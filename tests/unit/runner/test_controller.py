@@ -108,9 +108,7 @@ def rank_up(store, ctl, rank):
 
 def rank_exit(store, ctl, rank, code=None, sig=None, tail=(), node=None):
     e = RankExit(rank=rank, node=node, exit_code=code, signal=sig, tail=list(tail))
-    store.append_worker_events(
-        ctl.job_id, ctl.attempt, rank, [(EventType.RANK_EXIT, e.model_dump_json())], None
-    )
+    store.append_worker_events(ctl.job_id, ctl.attempt, rank, [e], None)
 
 
 def test_happy_path_state_after_every_step(store, tmp_path):
@@ -392,9 +390,7 @@ def test_the_rank_that_died_first_is_blamed_even_if_its_record_came_later(store,
     victim = RankExit(rank=0, exit_code=1, ended_at=20.0, tail=["Connection closed by peer"])
     first = RankExit(rank=1, signal="SIGTERM", ended_at=10.0)
     for e in (victim, first):
-        store.append_worker_events(
-            ctl.job_id, ctl.attempt, e.rank, [(EventType.RANK_EXIT, e.model_dump_json())], None
-        )
+        store.append_worker_events(ctl.job_id, ctl.attempt, e.rank, [e], None)
     backend.attempts[0].exit_codes.update(n0=1)
     assert ctl.step() == (JobState.STARTING, JobState.RESTARTING)
     failure = store.get_job(ctl.job_id).failure

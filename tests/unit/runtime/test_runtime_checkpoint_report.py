@@ -116,6 +116,6 @@ def test_the_gateway_turns_records_into_checkpoint_events_readers_fold(gw: Any) 
     assert [e["data"] for e in checkpoint_events] == [COMMIT, SKIP]
     assert all(e["rank"] == 0 and e["attempt"] == attempt for e in checkpoint_events)
     snapshot = JobSnapshot.fold(job_id, [Event.model_validate(e) for e in events])
-    assert [c["step"] for c in snapshot.checkpoints] == [100]
-    assert [c["step"] for c in snapshot.skipped_checkpoints] == [120]
-    assert snapshot.checkpoints[0]["durable_s"] == 1.25
+    assert [c.step for c in snapshot.checkpoints] == [100]
+    assert [c.step for c in snapshot.skipped_checkpoints] == [120]
+    assert snapshot.checkpoints[0].durable_s == 1.25

@@ -113,13 +113,25 @@ def test_snapshot_keeps_failure_utilization_and_checkpoints():
             },
             rank=0,
         ),
-        ev(3, "checkpoint", {"step": 100, "path": "/ckpt/100"}),
+        ev(
+            3,
+            "checkpoint",
+            {
+                "step": 100,
+                "path": "/ckpt/100",
+                "world_size": 2,
+                "size_bytes": 10,
+                "num_files": 3,
+                "blocked_s": 0.1,
+                "durable_s": 1.0,
+            },
+        ),
     ]
     snap = JobSnapshot.fold("j", events)
     assert snap.failure is not None and (snap.failure.rank, snap.failure.exit_code) == (1, 3)
     assert snap.num_restarts == 1
     assert snap.utilization["node-0/cpu"].util_pct == 75.0
-    assert [c["step"] for c in snap.checkpoints] == [100]
+    assert [c.step for c in snap.checkpoints] == [100]
 
 
 # -- parallelism: the mesh sizes a job asks for ------------------------------------------

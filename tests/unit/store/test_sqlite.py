@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from air_sdk.schema import EventType, JobSpec, JobState, NodeAssignment, Placement
+from air_sdk.schema import EventType, JobSpec, JobState, LogBatch, NodeAssignment, Placement
 from air_sdk.store import IdempotencyConflict, SqliteStore
 
 
@@ -78,7 +78,7 @@ def test_concurrent_appends_keep_seq_gapless(store):
 
     def worker(rank):
         for _ in range(50):
-            store.append_worker_events(job.id, 1, rank, [(EventType.LOG, '{"lines": ["x"]}')], None)
+            store.append_worker_events(job.id, 1, rank, [LogBatch(lines=["x"])], None)
 
     threads = [threading.Thread(target=worker, args=(r,)) for r in range(4)]
     for t in threads:

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from air_sdk.notebook import render
+from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import PNG_MAGIC, render_chart_png
-from air_sdk.notebook.render import render_html, render_text
+from air_sdk.notebook.snapshot_html import render_html, render_text
 from air_sdk.schema import Event, JobSnapshot, JobState
 
 JOB = "j-render"
@@ -44,6 +44,19 @@ class Log:
     def step(self, step: int, ts: float | None = None, **values: float) -> Log:
         ts = float(step) if ts is None else ts
         return self.add("metrics", rank=0, points=[{"step": step, "ts": ts, "values": values}])
+
+    def checkpoint(self, step: int, size_bytes: int = 1024, durable_s: float = 1.0) -> Log:
+        return self.add(
+            "checkpoint",
+            step=step,
+            path=f"/ck/{step}",
+            world_size=2,
+            size_bytes=size_bytes,
+            num_files=3,
+            blocked_s=0.05,
+            durable_s=durable_s,
+            attempt=1,
+        )
 
     def snapshot(self) -> JobSnapshot:
         return JobSnapshot.fold(JOB, self.events)
@@ -153,12 +166,12 @@ def test_html_utilization_rows_per_node_and_device() -> None:
 
 def test_html_checkpoint_rows_newest_first_with_their_fields() -> None:
     log = running(30)
-    log.add("checkpoint", step=10, path="/ck/10", size=3 * 1024**2, seconds=0.25)
-    log.add("checkpoint", step=20, path="/ck/20", size=3 * 1024**3, seconds=1.5)
+    log.checkpoint(10, size_bytes=3 * 1024**2, durable_s=0.25)
+    log.checkpoint(20, size_bytes=3 * 1024**3, durable_s=1.5)
     page = render_html(log.snapshot())
     assert body_rows(page.split("checkpoints (2)", 1)[1]) == [
-        "20|/ck/20|3.0 GiB|1.50 s|",
-        "10|/ck/10|3.0 MiB|0.25 s|",
+        "20|1|3.0 GiB|0.05 s|1.50 s|/ck/20|",
+        "10|1|3.0 MiB|0.05 s|0.25 s|/ck/10|",
     ]
 
 
@@ -194,16 +207,16 @@ def test_html_without_any_events_is_still_a_page() -> None:
 
 def test_throughput_from_per_step_counts_or_direct_rates() -> None:
     per_step = running(10, samples=32, tokens=4096).snapshot()  # 1 step/s
-    assert render.throughput(per_step) == [("samples/s", 32.0), ("tokens/s", 4096.0)]
+    assert snapshot_html.throughput(per_step) == [("samples/s", 32.0), ("tokens/s", 4096.0)]
     direct = running(10, tokens_per_s=5e4, tokens=4096).snapshot()
-    assert render.throughput(direct) == [("tokens/s", 5e4)]
-    assert render.throughput(JobSnapshot(job_id=JOB)) == []
+    assert snapshot_html.throughput(direct) == [("tokens/s", 5e4)]
+    assert snapshot_html.throughput(JobSnapshot(job_id=JOB)) == []
 
 
 def test_mfu_is_flops_times_rate_over_peak() -> None:
     snapshot = Log().step(0, ts=0.0, loss=1.0).step(20, ts=10.0, loss=0.5).snapshot()  # 2 steps/s
-    assert render.mfu(snapshot, 1e12, 1e13) == pytest.approx(0.2)
-    assert render.mfu(snapshot, None, 1e13) is None
+    assert snapshot_html.mfu(snapshot, 1e12, 1e13) == pytest.approx(0.2)
+    assert snapshot_html.mfu(snapshot, None, 1e13) is None
     page = render_html(snapshot, flops_per_step=1e12, peak_flops=1e13)
     assert "MFU 20.0%" in page
 
@@ -213,7 +226,7 @@ def test_mfu_is_flops_times_rate_over_peak() -> None:
     [(45.06, "45.1 steps/s"), (0.25, "4.0 s/step"), (None, ""), (0.0, "")],
 )
 def test_format_rate(rate: float | None, text: str) -> None:
-    assert render.format_rate(rate) == text
+    assert snapshot_html.format_rate(rate) == text
 
 
 @pytest.mark.parametrize(
@@ -221,20 +234,20 @@ def test_format_rate(rate: float | None, text: str) -> None:
     [(0, "0s"), (42, "42s"), (185, "3m 05s"), (3725, "1h 02m"), (2 * 86400 + 7200, "2d 02h")],
 )
 def test_format_duration(seconds: float, text: str) -> None:
-    assert render.format_duration(seconds) == text
+    assert snapshot_html.format_duration(seconds) == text
 
 
 def test_eta_only_while_running_with_a_rate_and_total() -> None:
     log = running(10)
-    assert render.eta_seconds(log.snapshot(), 100) == pytest.approx(90.0)
-    assert render.eta_seconds(log.snapshot(), None) is None
-    assert render.eta_seconds(log.state(JobState.SUCCEEDED).snapshot(), 100) is None
+    assert snapshot_html.eta_seconds(log.snapshot(), 100) == pytest.approx(90.0)
+    assert snapshot_html.eta_seconds(log.snapshot(), None) is None
+    assert snapshot_html.eta_seconds(log.state(JobState.SUCCEEDED).snapshot(), 100) is None
 
 
 def test_metric_names_put_loss_first() -> None:
     snapshot = running(3, lr=0.1, acc=0.5).snapshot()
-    assert render.metric_names(snapshot) == ["loss", "acc", "lr"]
-    assert render.default_metric(snapshot) == "loss"
+    assert snapshot_html.metric_names(snapshot) == ["loss", "acc", "lr"]
+    assert snapshot_html.default_metric(snapshot) == "loss"
 
 
 # -- text -------------------------------------------------------------------------
@@ -243,7 +256,7 @@ def test_metric_names_put_loss_first() -> None:
 def test_text_summary_for_terminals() -> None:
     failure = {"attempt": 1, "reason": "worker crashed", "rank": 1, "exit_code": 3}
     log = running(10, samples=8).add("log", rank=1, lines=["last words"])
-    log.add("checkpoint", step=5)
+    log.checkpoint(5)
     log.state(JobState.FAILED, failure=failure)
     text = render_text(log.snapshot(), name="demo", total_steps=100)
     assert text.splitlines()[0] == f"{JOB} (demo)  FAILED  attempt 1"
@@ -271,7 +284,7 @@ def test_chart_is_a_png_that_follows_the_data() -> None:
 def test_chart_draws_restart_and_checkpoint_markers() -> None:
     log = running(20)
     plain = render_chart_png(log.snapshot(), "loss")
-    log.add("checkpoint", step=10)
+    log.checkpoint(10)
     with_checkpoint = render_chart_png(log.snapshot(), "loss")
     log.state(JobState.RESTARTING)
     with_restart = render_chart_png(log.snapshot(), "loss")

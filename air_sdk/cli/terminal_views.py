@@ -2,6 +2,8 @@
 
 Pure functions of schema objects (`JobRecord`, `JobSnapshot`, `MetricRow`) to
 rich renderables, plus `ProgressView`, which redraws at most 4 times a second.
+
+Examples marked `+SKIP` follow a job on a running gateway.
 """
 
 from __future__ import annotations
@@ -115,8 +117,14 @@ def failure_lines(record: JobRecord, snapshot: JobSnapshot | None = None) -> lis
     """What failed: the first failing rank, how it ended, and its last log lines.
 
     Example:
-        >>> failure_lines(record)  # doctest: +SKIP
-        [Text('failed: rank 1 exit code 3 (attempt 1): worker crashed'), ...]
+        >>> from air_sdk.schema import FailureInfo, JobSpec
+        >>> record = JobRecord(
+        ...     id="j-1", tenant="t", name="demo", state=JobState.FAILED, created_at=0,
+        ...     updated_at=0, spec=JobSpec(entrypoint="train.py"),
+        ...     failure=FailureInfo(attempt=1, reason="worker crashed", rank=1, exit_code=3),
+        ... )
+        >>> failure_lines(record)[0].plain
+        'failed: rank 1 exit code 3 (attempt 1): worker crashed'
     """
     lines: list[Text] = []
     failure = record.failure

@@ -19,9 +19,7 @@ from __future__ import annotations
 import base64
 import html
 import math
-import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.state import JobState
@@ -379,29 +377,24 @@ def utilization_html(snapshot: JobSnapshot) -> str:
     return "<b>utilization</b>" + _table(["node", "device", "util", "memory", "power"], rows)
 
 
-def _checkpoint_cell(key: str, value: Any) -> str:
-    if value is None:
-        return ""
-    if key in ("size", "size_bytes", "bytes", "num_bytes") and isinstance(value, int | float):
-        return format_bytes(value)
-    if key in ("seconds", "duration_s", "save_seconds") and isinstance(value, int | float):
-        return f"{value:.2f} s"
-    if key in ("ts", "time", "committed_at") and isinstance(value, int | float):
-        return time.strftime("%H:%M:%S", time.localtime(value))
-    if isinstance(value, float):
-        return format_number(value)
-    return str(value)
-
-
 def checkpoints_html(snapshot: JobSnapshot) -> str:
-    """The committed checkpoints, newest first: step and whatever else they carry."""
+    """The committed checkpoints, newest first: step, attempt, size, how long the
+    training loop waited and when the checkpoint was durable, and where it is."""
     if not snapshot.checkpoints:
         return ""
-    columns = ["step"]
-    for checkpoint in snapshot.checkpoints:
-        columns.extend(k for k in checkpoint if k not in columns)
+    columns = ["step", "attempt", "size", "blocked", "durable after", "path"]
     shown = snapshot.checkpoints[-MAX_CHECKPOINT_ROWS:][::-1]
-    rows = [[_checkpoint_cell(c, ck.get(c)) for c in columns] for ck in shown]
+    rows = [
+        [
+            f"{ck.step} (at the failure)" if ck.at_failure else str(ck.step),
+            str(ck.attempt),
+            format_bytes(ck.size_bytes),
+            f"{ck.blocked_s:.2f} s",
+            f"{ck.durable_s:.2f} s",
+            ck.path,
+        ]
+        for ck in shown
+    ]
     older = len(snapshot.checkpoints) - len(shown)
     note = f'<div style="color:{_MUTED};font-size:11px">and {older} older</div>' if older else ""
     count = len(snapshot.checkpoints)
@@ -575,7 +568,7 @@ def render_text(
         cells.append(_opt(s.power_w, "{:.0f} W"))
         lines.append("util " + " ".join(c for c in cells if c))
     if snapshot.checkpoints:
-        latest = snapshot.checkpoints[-1].get("step")
+        latest = snapshot.checkpoints[-1].step
         lines.append(f"checkpoints: {len(snapshot.checkpoints)} (latest at step {latest})")
     failure = snapshot.failure
     if failure is not None:

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from air_sdk.cli.main import app
 from air_sdk.errors import SpecError
-from air_sdk.render import K8sOptions, render_trainjob, to_yaml
-from air_sdk.render.k8s import k8s_name
+from air_sdk.manifests import K8sOptions, render_trainjob, to_yaml
+from air_sdk.manifests.k8s import k8s_name
 from air_sdk.schema import JobSpec
 
 SCHEMA = yaml.safe_load(

@@ -1,0 +1,201 @@
+"""A gateway on this machine, from the client's side: start one detached, find the one
+running from an AIR home, stop it, or reuse whatever already answers.
+
+A detached gateway is `python -m air_sdk.gateway.server` in its own session, with
+its `GatewayOptions` as JSON in `$AIR_GATEWAY_OPTIONS`; it records its pid and URL
+in `<home>/gateway.json` and its admin token in `<home>/token`. Nothing here
+imports the server: `%air gateway start` and the CLI both come through here.
+
+Examples marked `+SKIP` start or stop real gateway processes.
+
+Example:
+    >>> from air_sdk.gateway_config import GatewayOptions
+    >>> proc = start_detached(GatewayOptions(port=8471, home=Path("/tmp/air")))  # doctest: +SKIP
+    >>> running_gateway(Path("/tmp/air")).url  # doctest: +SKIP
+    'http://127.0.0.1:8471'
+    >>> stop_detached(Path("/tmp/air"))  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+import requests
+
+from air_sdk.config import write_client_config
+from air_sdk.errors import AirError
+from air_sdk.gateway_config import LOG_FILE, OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
+
+__all__ = [
+    "GatewayProcess",
+    "LocalGateway",
+    "ensure_local_gateway",
+    "running_gateway",
+    "start_detached",
+    "stop_detached",
+]
+
+
+@dataclass(frozen=True)
+class GatewayProcess:
+    """A detached gateway: its pid, URL, admin token and log file."""
+
+    pid: int
+    url: str
+    token: str
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class LocalGateway:
+    """The gateway `ensure_local_gateway` settled on, and how: `started` now,
+    already `running` from this home, or something else `answering` on the port."""
+
+    url: str
+    home: Path
+    how: Literal["started", "running", "answering"]
+    process: GatewayProcess | None = None
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; reaps it when it is our own exited child (a zombie)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: ask the kernel below
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def running_gateway(home: Path) -> GatewayProcess | None:
+    """The detached gateway recorded in `home`, if its process is alive.
+
+    Example:
+        >>> running_gateway(Path("/nonexistent")) is None
+        True
+    """
+    try:
+        state = json.loads((home / STATE_FILE).read_text())
+        pid, url = int(state["pid"]), str(state["url"])
+    except (OSError, ValueError, KeyError):
+        return None
+    if not _alive(pid):
+        return None
+    token = (home / TOKEN_FILE).read_text().strip() if (home / TOKEN_FILE).exists() else ""
+    return GatewayProcess(pid=pid, url=url, token=token, log_path=home / LOG_FILE)
+
+
+def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProcess:
+    """Start a gateway in the background and return once it answers /v1/health.
+
+    A gateway that exits at once (a bad option, a port in use) is an `AirError`
+    carrying the end of its log.
+    """
+    existing = running_gateway(opts.home)
+    if existing is not None:
+        raise AirError(
+            f"a gateway (pid {existing.pid}) already runs at {existing.url} for {opts.home}:"
+            " stop it with `air gateway stop` or use another --home"
+        )
+    opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = opts.home / LOG_FILE
+    if opts.cluster_file is not None:  # the child may start elsewhere: an absolute path
+        opts = opts.model_copy(update={"cluster_file": Path(opts.cluster_file).resolve()})
+    env = {**os.environ, OPTIONS_ENV: opts.model_dump_json()}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "air_sdk.gateway.server"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AirError(
+                f"the gateway exited with code {proc.returncode}:\n" + "\n".join(_tail(log_path))
+            )
+        try:
+            if _healthy(opts):
+                token = (opts.home / TOKEN_FILE).read_text().strip()
+                return GatewayProcess(pid=proc.pid, url=opts.url, token=token, log_path=log_path)
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AirError(f"the gateway did not answer within {timeout_s:g} s; see {log_path}")
+
+
+def _healthy(opts: GatewayOptions) -> bool:
+    # Liveness only (no token is sent), so a self-signed certificate is fine here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return requests.get(f"{opts.worker_url}/v1/health", timeout=1, verify=False).ok
+
+
+def stop_detached(home: Path, timeout_s: float = 30) -> bool:
+    """Stop the gateway recorded in `home` (SIGTERM, then SIGKILL). False if none ran."""
+    gw = running_gateway(home)
+    if gw is None:
+        return False
+    os.kill(gw.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(gw.pid):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(gw.pid, signal.SIGKILL)
+    (home / STATE_FILE).unlink(missing_ok=True)
+    return True
+
+
+def ensure_local_gateway(answers: Callable[[str], bool], **options: Any) -> LocalGateway:
+    """A gateway for this machine's notebooks and scripts: the one running from the
+    home if any, else whatever already answers on the port, else a new detached one.
+
+    `options` are `GatewayOptions` fields (home, port, num_nodes, slots_per_node ...);
+    `answers(url)` says whether something answers there. The client config is written
+    for a gateway started or found in the home, so `Client()` uses it.
+
+    Example:
+        >>> gw = ensure_local_gateway(lambda url: False, port=8471, num_nodes=2)  # doctest: +SKIP
+        >>> gw.how, gw.url  # doctest: +SKIP
+        ('started', 'http://127.0.0.1:8471')
+    """
+    opts = GatewayOptions(**options)
+    running = running_gateway(opts.home)
+    if running is not None:
+        write_client_config(running.url, running.token)
+        return LocalGateway(url=running.url, home=opts.home, how="running", process=running)
+    if answers(opts.url):
+        return LocalGateway(url=opts.url, home=opts.home, how="answering")
+    process = start_detached(opts)
+    write_client_config(process.url, process.token)
+    return LocalGateway(url=process.url, home=opts.home, how="started", process=process)
+
+
+def _tail(path: Path, n: int = 20) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return [line.rstrip() for line in deque(f, maxlen=n)]
+    except OSError:
+        return []

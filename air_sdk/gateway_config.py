@@ -1,0 +1,245 @@
+"""How a gateway runs: `GatewayOptions`, one pydantic-settings model.
+
+Every option is one field, declared once with its type, default and help; the rest
+follows from it:
+
+- `air gateway start` has one flag per field (`air_sdk.cli.gateway`; the flag is
+  `--field-name` unless a `Flag` says otherwise, and `Flag(hidden=True)` keeps a
+  field off the command line);
+- a detached gateway gets its options as JSON in `$AIR_GATEWAY_OPTIONS`
+  (`air_sdk.client.local_gateway` writes it, `python -m air_sdk.gateway.server`
+  reads it), never as argv;
+- a gateway started without that variable reads `AIR_GATEWAY_<FIELD>` env vars
+  (e.g. `AIR_GATEWAY_PORT=9000`), like the client's `AIR_*` settings in
+  `air_sdk.config`.
+
+Pure data: imports no server code, so the CLI and the client's local-gateway
+helper use it freely.
+
+Example:
+    >>> opts = GatewayOptions(port=9001, home=Path("/tmp/air"), num_nodes=3)
+    >>> opts.url
+    'http://127.0.0.1:9001'
+    >>> GatewayOptions.model_validate_json(opts.model_dump_json()) == opts
+    True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from air_sdk.config import DEFAULT_PORT, air_home
+
+__all__ = [
+    "LOG_FILE",
+    "OPTIONS_ENV",
+    "STATE_FILE",
+    "TOKEN_FILE",
+    "Flag",
+    "GatewayOptions",
+    "RateLimit",
+    "RequestLimits",
+]
+
+#: files a gateway keeps in its home: the embedded admin token, its pid and URL, its log
+TOKEN_FILE = "token"
+STATE_FILE = "gateway.json"
+LOG_FILE = "gateway.log"
+#: the env var that hands a detached gateway its options (GatewayOptions as JSON)
+OPTIONS_ENV = "AIR_GATEWAY_OPTIONS"
+
+MIB = 1 << 20
+#: the bundle cap when none is set (air_sdk.bundle.DEFAULT_MAX_BYTES; not imported here
+#: so the CLI stays light; tests/unit/test_gateway_config.py checks they agree)
+DEFAULT_MAX_BUNDLE_BYTES = 512 * MIB
+REPORT_PATH = re.compile(r"^/v1/jobs/[^/]+/attempts/[^/]+/report$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RateLimit:
+    """A token bucket: `per_s` requests a second on average, bursts of up to `burst`.
+
+    Example:
+        >>> RateLimit(per_s=50, burst=100).per_s
+        50
+    """
+
+    #: sustained requests per second
+    per_s: float
+    #: requests allowed at once after an idle spell
+    burst: int
+
+    def __post_init__(self) -> None:
+        if self.per_s <= 0 or self.burst < 1:
+            raise ValueError(
+                f"RateLimit(per_s={self.per_s}, burst={self.burst}): per_s must be > 0 and"
+                " burst >= 1 (use None for no limit)"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestLimits:
+    """Caps on what one request may bring. Bodies over a cap get 413, callers over a
+    rate 429 with Retry-After. None turns a rate limit off.
+
+    Example:
+        >>> RequestLimits().user_rate
+        RateLimit(per_s=50, burst=100)
+    """
+
+    #: any JSON body not listed below (admin routes, cancel, ...)
+    max_body_bytes: int = 1 * MIB
+    #: POST /v1/jobs: a JobSpec with up to 1 MiB of inline code, JSON-escaped
+    max_submit_bytes: int = 8 * MIB
+    #: worker reports: up to 10k lines of up to 16k characters, escaped
+    max_report_bytes: int = 16 * MIB
+    #: PUT /v1/bundles/{sha256}; the route also unpacks to check file counts and sizes
+    max_bundle_bytes: int = DEFAULT_MAX_BUNDLE_BYTES
+    #: per user token (viewer, member, admin)
+    user_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
+    #: per worker token: every rank of an attempt shares one and posts ~2 reports/s
+    worker_rate: RateLimit | None = RateLimit(per_s=2000, burst=4000)
+    #: per client address, for requests without a token (health checks, 401s)
+    anonymous_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
+
+    def __post_init__(self) -> None:
+        caps = (self.max_body_bytes, self.max_submit_bytes, self.max_report_bytes)
+        if min(*caps, self.max_bundle_bytes) < 1024:
+            raise ValueError("body caps must be at least 1024 bytes")
+
+    def body_cap(self, method: str, path: str) -> tuple[int, str]:
+        """(the byte cap for a request, what to do when over it)."""
+        if method == "PUT" and path.startswith("/v1/bundles/"):
+            return self.max_bundle_bytes, (
+                "add large files to .airignore and read them from shared storage"
+            )
+        if method == "POST" and path == "/v1/jobs":
+            return self.max_submit_bytes, (
+                "put large inline code in a file and submit the file; pass data by path"
+            )
+        if method == "POST" and REPORT_PATH.match(path):
+            return self.max_report_bytes, "send smaller batches"
+        return self.max_body_bytes, "send a smaller body"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a `GatewayOptions` field looks on `air gateway start` (when not `--field-name`).
+
+    Example:
+        >>> Flag("--nodes", metavar="N").name
+        '--nodes'
+    """
+
+    #: the flag; None: `--` + the field name with dashes
+    name: str | None = None
+    metavar: str | None = None
+    #: a file that must exist when given (checked before anything starts)
+    must_exist: bool = False
+    #: no flag: set through the env, JSON or the Python API only
+    hidden: bool = False
+
+
+class GatewayOptions(BaseSettings):
+    """How to run a gateway (one field = one option; see the module docstring).
+
+    A loopback `host` is always allowed; any other needs `tls_cert` + `tls_key` or an
+    explicit `insecure_bind` (`air_sdk.gateway.options.check_bind`).
+
+    Example:
+        >>> GatewayOptions(host="0.0.0.0", port=8470, insecure_bind=True).worker_url
+        'http://127.0.0.1:8470'
+    """
+
+    model_config = SettingsConfigDict(env_prefix="AIR_GATEWAY_", frozen=True, extra="forbid")
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address to bind. Anything but loopback needs --tls-cert/--tls-key"
+        " or --insecure-bind.",
+    )
+    port: Annotated[int, Flag(metavar="PORT")] = Field(
+        DEFAULT_PORT, ge=1, le=65535, description="Port to listen on."
+    )
+    home: Annotated[Path, Flag(metavar="DIR")] = Field(
+        default_factory=air_home,
+        description="Where the gateway keeps its database, bundles and jobs"
+        " (default: $AIR_HOME or ~/.local/share/air).",
+    )
+    num_nodes: Annotated[int, Flag("--nodes", metavar="N")] = Field(
+        2, ge=1, description="Virtual nodes to split this machine into."
+    )
+    slots_per_node: Annotated[int | None, Flag(metavar="N")] = Field(
+        None,
+        ge=1,
+        description="Rank slots per virtual node (default: cores or GPUs divided evenly).",
+    )
+    write_client_config: Annotated[bool, Flag(hidden=True)] = Field(
+        True, description="Write ~/.config/air/config.toml with this gateway's URL and token."
+    )
+    tls_cert: Annotated[Path | None, Flag(metavar="FILE", must_exist=True)] = Field(
+        None, description="PEM certificate: serve HTTPS."
+    )
+    tls_key: Annotated[Path | None, Flag(metavar="FILE", must_exist=True)] = Field(
+        None, description="PEM private key of --tls-cert."
+    )
+    insecure_bind: bool = Field(
+        False,
+        description="Serve plain HTTP on a non-loopback --host (only behind a TLS proxy).",
+    )
+    allowed_hosts: Annotated[tuple[str, ...], Flag("--allow-host", metavar="NAME")] = Field(
+        (), description="Host header name to serve besides loopback and --host (repeat)."
+    )
+    cors_origins: Annotated[tuple[str, ...], Flag("--cors-origin", metavar="ORIGIN")] = Field(
+        (), description="Browser origin allowed to call the API (repeat); none by default."
+    )
+    limits: Annotated[RequestLimits, Flag(hidden=True)] = Field(
+        default_factory=RequestLimits,
+        description="Body caps and rate limits (users, workers, anonymous callers).",
+    )
+    cluster_file: Annotated[Path | None, Flag("--cluster", metavar="FILE", must_exist=True)] = (
+        Field(
+            None,
+            description="Cluster TOML: pools, tenant quotas and weights, scheduler switches"
+            " (docs/scheduling.md).",
+        )
+    )
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="Where jobs run: 'local' (this machine) or 'ray' (a Ray cluster,"
+        " docs/scaling-out.md).",
+    )
+    ray_address: Annotated[str | None, Flag(metavar="ADDRESS")] = Field(
+        None, description="Ray cluster to join with --backend ray (default: $RAY_ADDRESS)."
+    )
+
+    @property
+    def url(self) -> str:
+        """Where clients reach it."""
+        scheme = "https" if self.tls_cert else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def worker_url(self) -> str:
+        """Where this machine's workers report: loopback when bound to every address."""
+        if self.host in ("0.0.0.0", "::"):
+            return self.model_copy(update={"host": "127.0.0.1"}).url
+        return self.url
+
+    @classmethod
+    def flag_of(cls, name: str) -> Flag:
+        """The `Flag` of field `name` (a default one when the field declares none).
+
+        Example:
+            >>> GatewayOptions.flag_of("num_nodes").name, GatewayOptions.flag_of("host").name
+            ('--nodes', None)
+        """
+        flags = [m for m in cls.model_fields[name].metadata if isinstance(m, Flag)]
+        return flags[0] if flags else Flag()

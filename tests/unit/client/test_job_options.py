@@ -1,0 +1,216 @@
+"""Job options are declared once (`air_sdk.client.options.JobOptions`): the CLI's
+`air submit` flags, the `%%air train` flags and the SDK's keyword arguments are
+compared here against that declaration, and every option lands where it says in
+the JobSpec, on all three faces."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+from IPython import get_ipython
+from IPython.testing.globalipapp import start_ipython
+from typer.testing import CliRunner
+
+import magics.air as air_magics
+from air_sdk.cli import main as cli
+from air_sdk.client import Client, Job
+from air_sdk.client.options import JOB_OPTIONS, JobOptions, job_spec_fields
+from air_sdk.errors import SpecError
+from air_sdk.notebook.cell_job import submit_cell
+from air_sdk.schema import JobRecord, JobSpec, JobState
+
+#: flags of `air submit` that are not job options: what to run and how to watch it
+CLI_OWN = {"script", "args", "follow", "gateway"}
+#: flags of `%%air train` that are not job options: what travels, the monitor, waiting
+MAGIC_OWN = {"files", "max_value_mib", "total_steps", "wait"}
+
+#: a value for every option that differs from its default (and makes a valid spec)
+GIVEN: dict[str, Any] = {
+    "nodes": 2,
+    "procs_per_node": 4,
+    "gpus_per_node": 0,
+    "name": "run-7",
+    "env": {"LR": "0.1"},
+    "max_restarts": 3,
+    "checkpoint_every": 50,
+    "pool": "cpu",
+    "priority": "high",
+    "accelerator": "cpu",
+    "dp_replicate": 2,
+    "dp_shard": 2,
+    "tp": 2,
+    "pp": 1,
+    "cp": 1,
+}
+
+
+def _spec_value(spec: JobSpec, path: str) -> Any:
+    value: Any = spec
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def test_every_declared_default_is_the_jobspec_default():
+    default_spec = JobSpec(entrypoint="t.py")
+    for option in JOB_OPTIONS:
+        if option.info.spec is not None and option.info.default is not None:
+            assert _spec_value(default_spec, option.info.spec) == option.info.default, option.name
+
+
+def test_the_test_sets_every_option_that_reaches_the_spec():
+    assert set(GIVEN) == {o.name for o in JOB_OPTIONS if o.info.spec is not None}
+
+
+# -- the SDK -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("function", [Client.submit_script, submit_cell])
+def test_the_sdk_keyword_arguments_are_the_declaration(function):
+    import air_sdk.notebook.cell_job
+
+    namespace = {**vars(air_sdk.notebook.cell_job), "Client": Client, "Job": Job}
+    hints = typing.get_type_hints(function, globalns=namespace)
+    assert hints["options"] == typing.Unpack[JobOptions]
+    assert set(typing.get_type_hints(JobOptions)) == {o.name for o in JOB_OPTIONS}
+
+
+def test_client_submit_script_puts_every_option_where_it_belongs(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    sent: list[JobSpec] = []
+    monkeypatch.setattr(Client, "submit", lambda self, spec, **kw: sent.append(spec))
+    Client("http://gw.test", token="t").submit_script("train.py", **GIVEN)
+    (spec,) = sent
+    for option in JOB_OPTIONS:
+        if option.info.spec is not None:
+            assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
+
+
+def test_an_unknown_option_is_refused_with_the_nearest_name(tmp_path):
+    (tmp_path / "train.py").write_text("pass\n")
+    client = Client("http://gw.test", token="t")
+    with pytest.raises(SpecError, match="unknown job option 'gpus' .did you mean 'gpus_per_node'"):
+        client.submit_script(tmp_path / "train.py", gpus=2)  # type: ignore[call-arg]
+    with pytest.raises(SpecError, match="did you mean 'checkpoint_every'"):
+        job_spec_fields({"checkpoint_evry": 5})
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+
+def _cli_submit_params() -> dict[str, Any]:
+    command: Any = typer.main.get_command(cli.app)  # typer's own click
+    submit = command.commands["submit"]
+    return {p.name: p for p in submit.params if p.name != "help"}
+
+
+def test_air_submit_has_exactly_the_declared_flags_with_their_help_and_default():
+    params = _cli_submit_params()
+    assert set(params) - CLI_OWN == {o.name for o in JOB_OPTIONS}
+    for option in JOB_OPTIONS:
+        param = params[option.name]
+        assert type(param).__name__ == "TyperOption"
+        assert set(param.opts) | set(param.secondary_opts) == set(option.flags), option.name
+        assert param.help == option.info.help
+        default = getattr(param.default, "value", param.default)
+        assert default == option.info.default, option.name
+
+
+def test_air_submit_flags_reach_the_spec(monkeypatch, tmp_path):
+    (tmp_path / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict[str, Any]] = []
+
+    class Recorder:
+        def submit_script(self, script: Path, **kw: Any) -> Any:
+            calls.append(kw)
+            return type("J", (), {"id": "j-1"})()
+
+    monkeypatch.setattr(cli, "make_client", lambda *a, **k: Recorder())
+    argv = ["submit", "train.py"]
+    for name, value in GIVEN.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "env":
+            argv += [flag, "LR=0.1"]
+        else:
+            argv += [flag, str(value)]
+    result = CliRunner().invoke(cli.app, argv)
+    assert result.exit_code == 0, result.output
+    (options,) = calls
+    assert {k: v for k, v in options.items() if k != "args" and v is not None} == GIVEN
+
+
+# -- the magic -----------------------------------------------------------------------------
+
+
+def _magic_actions() -> dict[str, argparse.Action]:
+    parser: argparse.ArgumentParser = air_magics.AirMagics.air.parser
+    return {a.dest: a for a in parser._actions if a.option_strings}
+
+
+def test_air_train_has_every_declared_flag_with_its_help():
+    actions = _magic_actions()
+    train = {dest for dest, cmds in air_magics._OPTION_COMMANDS.items() if "train" in cmds}
+    assert train - MAGIC_OWN == {o.name for o in JOB_OPTIONS}
+    for option in JOB_OPTIONS:
+        action = actions[option.name]
+        assert set(action.option_strings) == set(option.flags), option.name
+        assert action.help is not None and action.help.startswith(option.info.help)
+        assert action.default is None  # so a flag given to the wrong command is caught
+        if option.choices:
+            assert tuple(action.choices or ()) == option.choices
+
+
+class _Recorder:
+    gateway_url = "http://gw.test"
+
+    def __init__(self) -> None:
+        self.specs: list[JobSpec] = []
+
+    def submit(self, spec: JobSpec, **kw: Any) -> Job:
+        self.specs.append(spec)
+        now = time.time()
+        record = JobRecord(
+            id="j-1",
+            tenant="t",
+            name=spec.name,
+            state=JobState.QUEUED,
+            spec=spec,
+            created_at=now,
+            updated_at=now,
+        )
+        return Job(self, record)  # type: ignore[arg-type]
+
+
+def test_air_train_flags_reach_the_spec(monkeypatch, tmp_path):
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "air_sdk")
+    recorder = _Recorder()
+    monkeypatch.setattr(air_magics, "make_client", lambda *a, **k: recorder)
+    monkeypatch.setattr(air_magics, "show_monitor", lambda job, **kw: None)
+    monkeypatch.chdir(tmp_path)
+    line = "train"
+    for name, value in GIVEN.items():
+        flag = "--" + name.replace("_", "-")
+        line += f" {flag} LR=0.1" if name == "env" else f" {flag} {value}"
+    shell.run_cell_magic("air", line, "x = 1")
+    (spec,) = recorder.specs
+    for option in JOB_OPTIONS:
+        if option.info.spec is not None:
+            assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
+    shell.user_ns.pop("_air_job", None)
+
+
+def test_parallelism_flags_that_do_not_fit_the_job_say_what_to_change(monkeypatch, tmp_path):
+    (tmp_path / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.app, ["submit", "train.py", "--nodes", "2", "--tp", "2"])
+    assert result.exit_code == 2
+    assert "tp=2 must stay inside one node" in result.stderr
