@@ -72,9 +72,11 @@ RULES: dict[str, Rule] = {
     # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
     "cli": rule(
         "cli client schema errors config gateway_config",
-        lazily="gateway.server manifests bundle examples",
+        lazily="gateway.server manifests bundle examples checkpoints",
         never=f"{SERVER} torch {NOTEBOOK_UI}",
     ),
+    # `air checkpoints export` on the client side: the runtime's reader only when exporting
+    "checkpoints": rule("errors", lazily="client runtime schema", never=SERVER),
     "manifests": rule("manifests schema errors redact", never=f"{SERVER} torch kubernetes"),
     "examples": rule("runtime", never=SERVER),
     "_agent": rule("", never=SERVER),
