@@ -19,6 +19,7 @@ __all__ = [
     "JobState",
     "Resources",
     "__version__",
+    "plan",
 ]
 
 
@@ -41,6 +42,10 @@ def __getattr__(name: str) -> object:
         from air_sdk import client
 
         return getattr(client, name)
+    if name == "plan":  # the memory and layout planner: pure arithmetic, no torch
+        from air_sdk.planner import plan
+
+        return plan
     if name in ("JobSnapshot", "JobSpec", "JobState", "Resources"):
         from air_sdk import schema
 

@@ -33,6 +33,7 @@ from air_sdk.cli._common import (
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.gateway import gateway_app
 from air_sdk.cli.manifests import render_app
+from air_sdk.cli.plan import plan_command
 from air_sdk.schema.state import JobState
 
 
@@ -59,6 +60,7 @@ app = typer.Typer(
 app.add_typer(gateway_app, name="gateway")
 app.add_typer(admin_app, name="admin")
 app.add_typer(render_app, name="render")
+app.command("plan")(plan_command)
 
 #: `air metrics` shows this many most recent rows unless --all
 DEFAULT_METRIC_ROWS = 20

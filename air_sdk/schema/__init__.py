@@ -51,6 +51,7 @@ from air_sdk.schema.spec import (
     CheckpointSpec,
     FailurePolicySpec,
     JobSpec,
+    ModelSpec,
     Parallelism,
     Resources,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "MESH_DIMS",
     "MetricRow",
     "MetricsPage",
+    "ModelSpec",
     "NodeAssignment",
     "NodeHealth",
     "NodeHealthList",

@@ -46,6 +46,15 @@ FORBIDDEN = {
         "uvicorn",
     ],
     "bundle": ["air_sdk.gateway", "air_sdk.runner", "air_sdk.store", "air_sdk.client", "torch"],
+    "planner": [
+        "air_sdk.gateway",
+        "air_sdk.runner",
+        "air_sdk.store",
+        "air_sdk.client",
+        "air_sdk.runtime",
+        "fastapi",
+        "torch",
+    ],
     "render": [
         "air_sdk.gateway",
         "air_sdk.runner",
