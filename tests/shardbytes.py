@@ -52,7 +52,13 @@ def _tp_plan() -> dict:
         "output": ColwiseParallel(output_layouts=Replicate()),
     }
     for i in range(SHAPE.num_layers):
-        for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
+        for name in (
+            "attention.wq",
+            "attention.wk",
+            "attention.wv",
+            "feed_forward.w1",
+            "feed_forward.w3",
+        ):
             plan[f"layers.{i}.{name}"] = ColwiseParallel()
         for name in ("attention.wo", "feed_forward.w2"):
             plan[f"layers.{i}.{name}"] = RowwiseParallel()
