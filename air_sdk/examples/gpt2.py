@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import json
 import math
 import os
 import time
@@ -183,6 +184,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps")
     parser.add_argument("--data", type=Path, default=None, help="uint16 token file (train.bin)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--result", type=Path, default=None, help="rank 0 writes its step times here (JSON)"
+    )
     return parser.parse_args(argv)
 
 
@@ -243,8 +247,8 @@ def _wrap(model: GPT, args: argparse.Namespace, device: torch.device) -> nn.Modu
     return model
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Train; returns the final loss and the median step time (what benchmarks read)."""
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train; returns the final loss and the step times (what benchmarks read)."""
     args = parse_args(argv)
     ctx = air.init()
     cuda = torch.cuda.is_available()
@@ -286,18 +290,37 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = loss.item()  # a device sync: the step is over when it returns
-        times.append(time.perf_counter() - began)
         air.log(step=step, loss=loss_value, tokens=args.batch_size * seq)
         if args.ckpt_every and step % args.ckpt_every == 0:
-            air.checkpoint.save(state, step=step)
+            air.checkpoint.save(state, step=step)  # what it blocks counts in the step
+        times.append(time.perf_counter() - began)
         if ctx.rank == 0 and (step % 10 == 0 or step == args.steps):
             print(f"step {step:>5}  loss {loss_value:.4f}  {times[-1] * 1e3:.1f} ms", flush=True)
-    steady = sorted(times[len(times) // 5 :]) or [float("nan")]  # leave warm-up out
-    result = {"loss": loss_value, "step_s": steady[len(steady) // 2], "num_params": num_params}
+    result = _summary(times, loss_value, num_params, args.batch_size * seq * ctx.world_size)
+    if args.result is not None and ctx.rank == 0:
+        result["device"] = torch.cuda.get_device_name(device) if cuda else "cpu"
+        args.result.write_text(json.dumps(result))
     del step_fn, wrapped, model, optimizer, state
     gc.collect()
     air.shutdown()
     return result
+
+
+def _summary(
+    times: list[float], loss: float, num_params: int, tokens_per_step: int
+) -> dict[str, Any]:
+    """Step times past the warm-up (the first fifth: compilation, allocator growth)."""
+    steady = times[len(times) // 5 :] or [float("nan")]
+    ordered = sorted(steady)
+    return {
+        "loss": loss,
+        "num_params": num_params,
+        "tokens_per_step": tokens_per_step,
+        "num_steps": len(steady),
+        "step_s_median": ordered[len(ordered) // 2],
+        "step_s_mean": sum(steady) / len(steady),
+        "step_s_max": ordered[-1],
+    }
 
 
 if __name__ == "__main__":

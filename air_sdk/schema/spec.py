@@ -23,6 +23,11 @@ RESERVED_ENV = frozenset(
         "CUDA_VISIBLE_DEVICES",
     }
 )
+#: AIR_* variables a job may set itself: knobs of the worker runtime, not its contract
+#: (`AIR_PEAK_FLOPS` for a GPU the device table lacks, see air_sdk.runtime._throughput)
+USER_AIR_ENV = frozenset(
+    {"AIR_PEAK_FLOPS", "AIR_MFU_DTYPE", "AIR_COUNT_FLOPS", "AIR_SAMPLE_INTERVAL_S"}
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -77,6 +82,8 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 #: The env var that carries the resolved layout to every rank (JSON of `Parallelism`).
 PARALLELISM_ENV = "AIR_PARALLELISM"
+#: Training FLOPs per token of `JobSpec.model` (the planner's count), for the runtime's MFU.
+FLOPS_PER_TOKEN_ENV = "AIR_FLOPS_PER_TOKEN"
 
 
 class Parallelism(_Frozen):
@@ -375,7 +382,7 @@ class JobSpec(_Frozen):
         for k, val in v.items():
             if not _ENV_NAME.match(k):
                 raise ValueError(f"env name {k!r} is not a valid variable name")
-            if k in RESERVED_ENV or k.startswith("AIR_"):
+            if k in RESERVED_ENV or (k.startswith("AIR_") and k not in USER_AIR_ENV):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
                 raise ValueError(f"env {k} is over {MAX_ARG_CHARS} characters or holds a NUL")
