@@ -234,7 +234,11 @@ def _wrap(model: GPT, args: argparse.Namespace, device: torch.device) -> nn.Modu
     except ImportError:
         parallel = None
     if parallel is not None and hasattr(parallel, "parallelize"):
-        wrapped: nn.Module = parallel.parallelize(model)
+        precision = "bf16" if args.bf16 else "fp32"
+        try:
+            wrapped: nn.Module = parallel.parallelize(model, mixed_precision=precision)
+        except TypeError:  # a parallelize without that option
+            wrapped = parallel.parallelize(model)
         return wrapped
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
