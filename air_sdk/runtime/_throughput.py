@@ -12,7 +12,8 @@ steps done and the wall time, so:
   from `AIR_FLOPS_PER_TOKEN` (the runner sets it from `JobSpec.model`: 6 per matmul
   parameter plus attention), else they are counted once: `FlopCounterMode` is on
   from the first `tokens=` log to the next, and what it counted over those steps is
-  this rank's FLOPs per step (forward, backward and any recompute), logged once as
+  this rank's FLOPs per step (forward, backward and any recompute; a DTensor's local
+  shard, so tensor parallel counts each rank's share), logged once as
   `flops_per_step`. The counted window runs slower, so it yields no rate.
 
 The peak is `AIR_PEAK_FLOPS` when set (FLOP/s of one device), else the device table's
@@ -143,9 +144,7 @@ class ThroughputMeter:
             self._count = False
             return
         try:
-            from torch.utils.flop_counter import FlopCounterMode
-
-            counter = FlopCounterMode(display=False)
+            counter = local_flop_counter()
             counter.__enter__()
         except Exception:  # MFU is a nicety: never let it break training
             self._count = False
@@ -165,6 +164,42 @@ class ThroughputMeter:
         """Leave the FLOP counter if it is still on (the run ended inside the window)."""
         if self._counter is not None:
             self._stop_counting()
+
+
+def local_flop_counter() -> Any:
+    """torch's `FlopCounterMode`, counting this rank's own FLOPs: under tensor parallel
+    it sees matmuls on DTensors, whose global shapes would count the whole tensor-
+    parallel group's work on every rank, so it counts their local shards instead.
+
+    Example:
+        >>> import torch
+        >>> with local_flop_counter() as counter:
+        ...     _ = torch.ones(4, 8) @ torch.ones(8, 2)
+        >>> counter.get_total_flops()
+        128
+    """
+    from torch.utils._pytree import tree_map
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed
+        return FlopCounterMode(display=False)
+    if not hasattr(FlopCounterMode, "_count_flops"):  # a torch whose internals moved
+        return FlopCounterMode(display=False)
+
+    def local(value: Any) -> Any:
+        return value._local_tensor if isinstance(value, DTensor) else value
+
+    class LocalFlopCounter(FlopCounterMode):
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            if func_packet in self.flop_registry:
+                shards = tree_map(local, (out, args, kwargs))
+                super()._count_flops(func_packet, *shards)
+                return out  # the op's result, as it was
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+    return LocalFlopCounter(display=False)
 
 
 def _float_env(env: Mapping[str, str], name: str) -> float | None:

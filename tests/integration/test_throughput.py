@@ -57,3 +57,21 @@ def test_mfu_from_the_jobs_model_without_counting(gateway):
     assert job.metrics(name="flops_per_step") == []
     assert [r.step for r in job.metrics(name="mfu") if r.rank == 0] == list(range(2, 13))
     assert 0 < snap.mfu < 1
+
+
+def test_counted_flops_under_tensor_parallel_are_each_ranks_share(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+    import tpflops
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(tpflops.run, args=(port, str(tmp_path)), nprocs=2, start_method="spawn")
+    counted = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    b, w, h = tpflops.BATCH, tpflops.WIDTH, tpflops.HIDDEN
+    # forward and backward of both layers, no gradient for the input of the first
+    whole = 2 * b * w * h * 2 * 3 - 2 * b * w * h
+    assert counted == [whole // 2, whole // 2]  # not the whole group's on every rank
