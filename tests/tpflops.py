@@ -24,9 +24,7 @@ def run(rank: int, port: int, out: str) -> None:
     from air_sdk.runtime._throughput import local_flop_counter
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
-    )
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(WIDTH, HIDDEN, bias=False),

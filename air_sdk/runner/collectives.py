@@ -35,7 +35,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CollectiveDiagnosis", "CollectiveRecord", "diagnose", "format_ranks", "records_of"]
+__all__ = [
+    "CollectiveDiagnosis",
+    "CollectiveRecord",
+    "RankTrace",
+    "diagnose",
+    "format_ranks",
+    "records_of",
+    "summarize",
+]
 
 #: entries per rank kept for the failure record (the newest)
 LAST_COLLECTIVES = 5
@@ -110,24 +118,39 @@ def records_of(dump: Mapping[str, Any]) -> list[CollectiveRecord]:
     return out
 
 
-def _members(dumps: Mapping[int, Mapping[str, Any]]) -> dict[str, set[int]]:
-    """Global ranks of every group, from the dumps' `pg_config` (where they say)."""
-    members: dict[str, set[int]] = {}
-    for dump in dumps.values():
-        config = dump.get("pg_config")
-        if not isinstance(config, Mapping):
+def _members(dump: Mapping[str, Any]) -> dict[str, frozenset[int]]:
+    """Global ranks of every group, from a dump's `pg_config` (where it says)."""
+    members: dict[str, frozenset[int]] = {}
+    config = dump.get("pg_config")
+    if not isinstance(config, Mapping):
+        return members
+    for key, info in config.items():
+        if not isinstance(info, Mapping):
             continue
-        for key, info in config.items():
-            if not isinstance(info, Mapping):
-                continue
-            ranks = info.get("ranks")
-            try:
-                parsed = json.loads(ranks) if isinstance(ranks, str) else list(ranks or ())
-                name = str(info.get("name") or key)
-                members.setdefault(name, set()).update(int(r) for r in parsed)
-            except (TypeError, ValueError):
-                continue
+        ranks = info.get("ranks")
+        try:
+            parsed = json.loads(ranks) if isinstance(ranks, str) else list(ranks or ())
+            members[str(info.get("name") or key)] = frozenset(int(r) for r in parsed)
+        except (TypeError, ValueError):
+            continue
     return members
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """What the analysis keeps of one rank's dump (a dump can be megabytes; this is a
+    few records): its last collective in each group, its newest entries, and the
+    group memberships it knows."""
+
+    last_by_group: dict[str, CollectiveRecord]
+    newest: list[CollectiveRecord]
+    members: dict[str, frozenset[int]]
+
+
+def summarize(dump: Mapping[str, Any], *, num_last: int = LAST_COLLECTIVES) -> RankTrace:
+    """One rank's dump reduced to a `RankTrace`."""
+    records = records_of(dump)
+    return RankTrace(_last_per_group(records), records[-num_last:], _members(dump))
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -218,17 +241,21 @@ def _group_verdict(
 
 
 def diagnose(
-    dumps: Mapping[int, Mapping[str, Any]], *, num_last: int = LAST_COLLECTIVES
+    dumps: Mapping[int, RankTrace | Mapping[str, Any]],
 ) -> CollectiveDiagnosis | None:
     """Name the rank that is behind (and in which collective), or the mismatch, from
-    every rank's flight recorder dump (global rank -> dump dict). None without dumps.
+    every rank's flight recorder dump (global rank -> dump dict, or its `summarize`d
+    `RankTrace`). None without dumps.
     """
     if not dumps:
         return None
-    per_rank = {rank: records_of(dump) for rank, dump in dumps.items()}
-    last = {rank: [r.describe() for r in records[-num_last:]] for rank, records in per_rank.items()}
-    members = _members(dumps)
-    last_by_group = {rank: _last_per_group(records) for rank, records in per_rank.items()}
+    traces = {rank: d if isinstance(d, RankTrace) else summarize(d) for rank, d in dumps.items()}
+    last = {rank: [r.describe() for r in t.newest] for rank, t in traces.items()}
+    members: dict[str, set[int]] = {}
+    for t in traces.values():
+        for group, group_ranks in t.members.items():
+            members.setdefault(group, set()).update(group_ranks)
+    last_by_group = {rank: t.last_by_group for rank, t in traces.items()}
     groups = sorted({g for lg in last_by_group.values() for g in lg}, key=_group_order)
     verdicts: list[tuple[str, list[int]]] = []
     for group in groups:
@@ -246,11 +273,12 @@ def diagnose(
         if len(verdicts) > 1:
             summary += f"; and {len(verdicts) - 1} more group(s) disagree"
         return CollectiveDiagnosis(summary + note, culprits, last)
-    fronts = [
-        max((r for r in rs if not r.is_p2p), key=lambda r: r.seq, default=None)
-        for rs in per_rank.values()
+    open_ = [
+        t.last_by_group[g]
+        for g in groups
+        for t in traces.values()
+        if g in t.last_by_group and t.last_by_group[g].state != "completed"
     ]
-    open_ = [r for r in fronts if r is not None and r.state != "completed"]
     if open_:
         r = open_[0]
         summary = (

@@ -411,7 +411,9 @@ class JobController:
         timeout = self.hang_policy.timeout_for(self._progress)
         stacks = self.backend.rank_stacks(self.handle)
         # Each rank's last collectives, while the ranks still live to dump them.
-        collectives = hang_report(self.paths.attempt(self.attempt), since=0.0)
+        collectives = hang_report(
+            self.paths.attempt(self.attempt), num_ranks=self.spec.resources.world_size
+        )
         handle = self.handle
         # A stopped or wedged rank cannot act on SIGTERM: waiting the full grace only
         # delays the restart (measured: 5 of the 6.8 s past the timeout).

@@ -12,7 +12,7 @@ A dump is a file a job wrote, so it is read as data only: an unpickler that refu
 every class or function (a real dump has none), and at most `MAX_DUMP_BYTES`.
 
 Example:
-    >>> report = hang_report(Path("/nonexistent"), since=0.0)
+    >>> report = hang_report(Path("/nonexistent"), num_ranks=8)
     >>> report is None
     True
 """
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from air_sdk.runner.collectives import CollectiveDiagnosis, diagnose
+from air_sdk.runner.collectives import CollectiveDiagnosis, RankTrace, diagnose, summarize
 from air_sdk.runtime._flight_recorder import DUMP_PREFIX, TRACE_DIR
 
 __all__ = ["MAX_DUMP_BYTES", "collect", "hang_report", "read_dump", "request_dumps"]
@@ -119,10 +119,12 @@ def _sizes(files: dict[int, Path]) -> dict[int, int]:
 
 
 def collect(
-    directory: Path, *, since: float, timeout_s: float = DUMP_WAIT_S
-) -> dict[int, dict[str, Any]]:
+    directory: Path, *, since: float, num_ranks: int, timeout_s: float = DUMP_WAIT_S
+) -> dict[int, RankTrace]:
     """Ask every rank for a dump and read what arrives within `timeout_s` (global rank
-    -> dump). Files older than `since` (an earlier attempt's) are ignored."""
+    -> its `RankTrace`: each dump is reduced as it is read, so a large job's dumps
+    never sit in memory together). Files older than `since` (an earlier attempt's) and
+    ranks at or past `num_ranks` (files a job made up) are ignored."""
     if not directory.is_dir():
         return {}
     asked = time.time()
@@ -138,18 +140,20 @@ def collect(
             break
         sizes = now_sizes
         time.sleep(_POLL_S)
-    dumps = {}
-    for rank, path in _dump_files(directory, since).items():
+    traces = {}
+    for rank, path in sorted(_dump_files(directory, since).items()):
+        if rank >= num_ranks:
+            continue
         dump = read_dump(path)
         if dump is not None:
-            dumps[rank] = dump
-    return dumps
+            traces[rank] = summarize(dump)
+    return traces
 
 
 def hang_report(
-    attempt_dir: Path, *, since: float, timeout_s: float = DUMP_WAIT_S
+    attempt_dir: Path, *, num_ranks: int, since: float = 0.0, timeout_s: float = DUMP_WAIT_S
 ) -> CollectiveDiagnosis | None:
     """The flight recorder's account of a hang in the attempt at `attempt_dir` (None when
     no rank left a dump: not a GPU job, or the dumps are on another machine)."""
-    dumps = collect(attempt_dir / TRACE_DIR, since=since, timeout_s=timeout_s)
-    return diagnose(dumps)
+    traces = collect(attempt_dir / TRACE_DIR, since=since, num_ranks=num_ranks, timeout_s=timeout_s)
+    return diagnose(traces)

@@ -27,7 +27,9 @@ def test_real_dumps_name_the_rank_that_skipped_a_collective(tmp_path):
     mp.start_processes(
         frdump.run, args=(port, str(traces)), nprocs=frdump.WORLD, join=True, start_method="spawn"
     )
-    report = hang_report(tmp_path, since=0.0, timeout_s=1)  # read as the runner reads them
+    report = hang_report(
+        tmp_path, num_ranks=frdump.WORLD, timeout_s=1
+    )  # read as the runner reads them
     assert report is not None
     assert report.summary == (
         "rank 2 is behind in process group 0 (default_pg): ranks 0-1 wait in all_reduce #4"

@@ -69,9 +69,9 @@ def test_collect_waits_for_the_dumps_it_asked_for(tmp_path):
         fake_rank(tmp_path, 1, {"entries": [entry(1)]}),
     ]
     try:
-        dumps = collect(tmp_path, since=0.0, timeout_s=10)
+        dumps = collect(tmp_path, since=0.0, num_ranks=2, timeout_s=10)
         assert sorted(dumps) == [0, 1]
-        assert [e["collective_seq_id"] for e in dumps[0]["entries"]] == [1, 2]
+        assert [r.seq for r in dumps[0].newest] == [1, 2]
     finally:
         for stop, _, fd in ranks:
             stop.set()
@@ -84,11 +84,11 @@ def test_hang_report_reads_dumps_torch_wrote_on_its_own_timeout(tmp_path):
     (directory / "rank_0").write_bytes(pickle.dumps({"entries": [entry(1), entry(2, "started")]}))
     (directory / "rank_1").write_text(json.dumps({"entries": [entry(1)]}))  # the JSON form
     started = time.monotonic()
-    report = hang_report(tmp_path, since=0.0)
+    report = hang_report(tmp_path, num_ranks=2)
     assert time.monotonic() - started < 2  # no FIFO: nothing to wait for
     assert report.culprits == [1]
     assert "rank 1 is behind" in report.summary
-    assert hang_report(tmp_path / "nowhere", since=0.0) is None
+    assert hang_report(tmp_path / "nowhere", num_ranks=2) is None
 
 
 class Boom:
@@ -116,5 +116,11 @@ def test_old_dumps_are_left_out(tmp_path):
     old = tmp_path / "rank_0"
     old.write_bytes(pickle.dumps({"entries": [entry(1)]}))
     os.utime(old, (1000, 1000))
-    assert collect(tmp_path, since=2000.0) == {}
-    assert sorted(collect(tmp_path, since=0.0)) == [0]
+    assert collect(tmp_path, since=2000.0, num_ranks=4) == {}
+    assert sorted(collect(tmp_path, since=0.0, num_ranks=4)) == [0]
+
+
+def test_ranks_the_job_does_not_have_are_not_read(tmp_path):
+    for rank in (0, 1, 7, 99999):
+        (tmp_path / f"rank_{rank}").write_bytes(pickle.dumps({"entries": [entry(1)]}))
+    assert sorted(collect(tmp_path, since=0.0, num_ranks=8)) == [0, 1, 7]
