@@ -247,7 +247,9 @@ def layout_flags(layout: Parallelism) -> str:
     flags = []
     if layout.dp_replicate > 1:
         flags.append(f"--dp-replicate {layout.dp_replicate}")
-    flags.append("--dp-shard -1" if layout.dp_shard != 1 else "--dp-shard 1")
+    # -1: whatever the other sizes leave; 1 is spelled out only for DDP (replicas, no shards)
+    ddp = layout.dp_replicate > 1 and layout.dp_shard == 1
+    flags.append("--dp-shard 1" if ddp else "--dp-shard -1")
     for name in ("tp", "pp", "cp"):
         size = getattr(layout, name)
         if size > 1:

@@ -39,7 +39,7 @@ def test_a_job_that_cannot_fit_is_refused_with_a_layout_that_does(gw):
     )
     assert r.status_code == 400
     detail = r.json()["detail"]
-    assert detail.startswith("llama3-70b does not fit 1 x 8 H100 SXM with --dp-shard 1 --tp 8:")
+    assert detail.startswith("llama3-70b does not fit 1 x 8 H100 SXM with --dp-shard -1 --tp 8:")
     assert "No layout fits 1 node(s); with 2 nodes --dp-shard -1 --tp" in detail
     assert gw.get("/v1/jobs").json()["jobs"] == []
 

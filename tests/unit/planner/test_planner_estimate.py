@@ -139,6 +139,6 @@ def test_labels_and_flags_name_parallelism_fields():
     assert layout_flags(layout(32, pp=2, tp=8)) == "--dp-shard -1 --tp 8 --pp 2"
     assert layout_flags(layout(16, dp_replicate=2)) == "--dp-replicate 2 --dp-shard -1"
     flags = layout_flags(layout(16, tp=8, cp=2, dp_shard=1))
-    assert flags == "--dp-shard 1 --tp 8 --cp 2"
+    assert flags == "--dp-shard -1 --tp 8 --cp 2"  # -1: what tp x cp leave, here 1
     names = {f.split()[0].removeprefix("--").replace("-", "_") for f in flags.split(" --")}
     assert names <= set(Parallelism.model_fields)
