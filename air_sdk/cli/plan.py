@@ -22,7 +22,7 @@ from air_sdk.errors import SpecError
 __all__ = ["plan_command"]
 
 #: the table's natural width: narrower consoles would cut its cells short
-_TABLE_WIDTH = 110
+_TABLE_WIDTH = 118
 
 
 def _model_spec(**fields: object):  # -> ModelSpec (imported lazily with the planner)
@@ -44,8 +44,9 @@ def _gib(value: float | None) -> str:
 
 def _table(rows: list[dict]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    # GiB per GPU: weights, grads, optimizer, buffers, activations (AC: checkpointed), total
-    for column in ("LAYOUT", "AC", "WTS", "GRD", "OPT", "BUF", "ACT", "TOTAL", "FITS"):
+    # GiB per GPU: weights, grads, optimizer, buffers, activations without and with
+    # checkpointing (AC: which one TOTAL counts), total
+    for column in ("LAYOUT", "AC", "WTS", "GRD", "OPT", "BUF", "ACT", "ACT/AC", "TOTAL", "FITS"):
         table.add_column(column, justify="left" if column == "LAYOUT" else "right", no_wrap=True)
     for column in ("COMM", "STEP", "TOK/S", "MFU"):
         table.add_column(column, justify="right", no_wrap=True)
@@ -58,7 +59,8 @@ def _table(rows: list[dict]) -> Table:
             _gib(row["grads_gib"]),
             _gib(row["optimizer_gib"]),
             _gib(row["buffers_gib"]),
-            _gib(row["activations_gib"]),
+            _gib(row["activations_no_ac_gib"]),
+            _gib(row["activations_ac_gib"]),
             _gib(row["total_gib"]),
             "[green]yes[/]" if row["fits"] else "[red]NO[/]",
             f"{row['comm_gib']:.1f}G",
@@ -158,7 +160,8 @@ def plan_command(
     console.print(result.header(), soft_wrap=True)
     console.print(
         "[dim]GiB per GPU (WTS weights, GRD grads, OPT AdamW state, BUF compute copies and"
-        " buffers, ACT activations); COMM GiB sent per GPU and step[/]",
+        " buffers, ACT activations, ACT/AC with activation checkpointing; AC: used);"
+        " COMM GiB sent per GPU and step[/]",
         soft_wrap=True,
     )
     # A narrow console would cut the cells short; wrapping a wide row reads better.

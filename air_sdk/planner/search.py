@@ -174,6 +174,9 @@ class Plan:
         rows = []
         for est in self.estimates[:top]:
             mem = est.memory
+            used, other = mem.activations, est.activations_other
+            no_ac, ac = (other, used) if est.activation_checkpointing else (used, other)
+            comm = est.comm
             rows.append(
                 {
                     "layout": est.label,
@@ -183,11 +186,21 @@ class Plan:
                     "grads_gib": mem.grads / _GIB,
                     "optimizer_gib": mem.optimizer / _GIB,
                     "buffers_gib": mem.buffers / _GIB,
-                    "activations_gib": None if mem.activations is None else mem.activations / _GIB,
+                    "activations_gib": _gib(used),
+                    "activations_no_ac_gib": _gib(no_ac),
+                    "activations_ac_gib": _gib(ac),
                     "total_gib": mem.total / _GIB,
                     "fits": est.fits,
-                    "comm_gib": est.comm.total / _GIB,
+                    "comm_gib": comm.total / _GIB,
+                    "comm_by_kind_gib": {
+                        kind: getattr(comm, kind) / _GIB
+                        for kind in ("fsdp", "dp", "tp", "pp", "cp")
+                        if getattr(comm, kind)
+                    },
+                    "compute_s": est.compute_s,
+                    "exposed_comm_s": est.exposed_comm_s,
                     "step_s": est.step_s,
+                    "tokens_per_step": est.tokens_per_step,
                     "tokens_per_s": est.tokens_per_s,
                     "mfu": est.mfu,
                 }
@@ -213,14 +226,29 @@ class Plan:
         return format_plan(self)
 
 
+def _gib(value: float | None) -> float | None:
+    return None if value is None else value / _GIB
+
+
 def format_plan(p: Plan, top: int | None = 12) -> str:
     """The plan as a plain-text table (what `str(plan)` and the docs show)."""
-    head = ("layout", "AC", "weights", "grads", "optim", "buffers", "activ", "total", "fits")
+    head = (
+        "layout",
+        "AC",
+        "weights",
+        "grads",
+        "optim",
+        "buffers",
+        "activ",
+        "(AC)",
+        "total",
+        "fits",
+    )
     tail = ("comm/step", "step", "tokens/s", "MFU")
     lines = [p.header(), ""]
     table = [(*head, *tail)]
     for row in p.rows(top):
-        act = row["activations_gib"]
+        no_ac, ac = row["activations_no_ac_gib"], row["activations_ac_gib"]
         table.append(
             (
                 row["layout"],
@@ -229,7 +257,8 @@ def format_plan(p: Plan, top: int | None = 12) -> str:
                 f"{row['grads_gib']:.1f}",
                 f"{row['optimizer_gib']:.1f}",
                 f"{row['buffers_gib']:.1f}",
-                "?" if act is None else f"{act:.1f}",
+                "?" if no_ac is None else f"{no_ac:.1f}",
+                "?" if ac is None else f"{ac:.1f}",
                 f"{row['total_gib']:.1f}",
                 "yes" if row["fits"] else "NO",
                 f"{row['comm_gib']:.1f} GiB",
@@ -314,9 +343,13 @@ def plan(
         estimate(shape, layout, cluster, setup)
         for layout in candidate_layouts(shape, cluster, setup.seq_len)
     ]
-    # Fitting layouts by speed (equal speed: the one with more room to spare), then the rest
-    # by how close they come.
+    # Fitting layouts by speed (within 0.5%, which an estimate cannot tell apart: the one
+    # with more room to spare), then the rest by how close they come.
     estimates.sort(
-        key=lambda e: (not e.fits, -round(e.tokens_per_s) if e.fits else 0, e.memory.total)
+        key=lambda e: (
+            not e.fits,
+            -float(f"{e.tokens_per_s:.3g}") if e.fits else 0.0,
+            e.memory.total,
+        )
     )
     return Plan(shape, cluster, setup, estimates)

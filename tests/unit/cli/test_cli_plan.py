@@ -19,8 +19,8 @@ def test_plan_prints_the_table_and_the_fastest_layouts_flags():
     )
     header = next(line for line in lines if line.startswith("LAYOUT"))
     assert header.split() == [
-        "LAYOUT", "AC", "WTS", "GRD", "OPT", "BUF", "ACT", "TOTAL", "FITS", "COMM", "STEP",
-        "TOK/S", "MFU",
+        "LAYOUT", "AC", "WTS", "GRD", "OPT", "BUF", "ACT", "ACT/AC", "TOTAL", "FITS", "COMM",
+        "STEP", "TOK/S", "MFU",
     ]  # fmt: skip
     first = lines[lines.index(header) + 1]
     assert first.startswith("TP8 × FSDP2") and " yes " in first
@@ -36,7 +36,10 @@ def test_plan_from_a_shape_and_json():
     data = json.loads(result.output)
     assert data["num_params"] == 8_030_261_248 and data["gpu"] == "h200"
     assert data["best"] == "FSDP8" and data["flags"] == "--dp-shard -1"
-    assert data["layouts"][0]["fits"] is True and data["layouts"][0]["activations_gib"] > 0
+    first = data["layouts"][0]
+    assert first["fits"] is True and first["activations_gib"] == first["activations_no_ac_gib"]
+    assert 0 < first["activations_ac_gib"] < first["activations_no_ac_gib"]
+    assert set(first["comm_by_kind_gib"]) == {"fsdp"}
 
 
 def test_plan_exits_1_when_nothing_fits():

@@ -24,7 +24,10 @@ def test_the_best_layout_is_the_fastest_that_fits():
     best = p.best
     assert best is not None and best.fits
     fitting = [e for e in p.estimates if e.fits]
-    assert best.tokens_per_s == max(e.tokens_per_s for e in fitting)
+    # the fastest, or one within 0.5% of it that leaves more memory free
+    fastest = max(fitting, key=lambda e: e.tokens_per_s)
+    assert best.tokens_per_s >= 0.995 * fastest.tokens_per_s
+    assert best is fastest or best.memory.total < fastest.memory.total
     assert p.flags == best.flags == "--dp-shard -1 --tp 8"
     # the non-fitting ones come last
     fits = [e.fits for e in p.estimates]
@@ -35,7 +38,7 @@ def test_the_table_names_the_parts_and_the_flags():
     text = str(plan("llama3-8b", gpu="h200", nodes=1, gpus_per_node=8))
     assert text.splitlines()[0].startswith("llama3-8b: 8.03B params, seq 8192")
     header = text.splitlines()[2].split()
-    assert header[:9] == [
+    assert header[:10] == [
         "layout",
         "AC",
         "weights",
@@ -43,6 +46,7 @@ def test_the_table_names_the_parts_and_the_flags():
         "optim",
         "buffers",
         "activ",
+        "(AC)",
         "total",
         "fits",
     ]
