@@ -130,3 +130,11 @@ def test_refusal_respects_activation_checkpointing_turned_off():
 def test_model_spec_says_what_is_missing(bad):
     with pytest.raises(ValueError, match="describe the model|misses hidden_size"):
         ModelSpec(**bad)
+
+
+def test_refusal_when_no_node_count_would_do():
+    reason = submit_refusal(_job(ModelSpec(preset="llama3-405b"), gpus=1, accelerator="l4"))
+    assert reason.startswith("llama3-405b does not fit 1 x 1 L4: the planner estimates")
+    assert reason.endswith(
+        "No layout fits even 256 nodes: shorten the sequence or lower the micro-batch."
+    )
