@@ -20,6 +20,7 @@ __all__ = [
     "Resources",
     "__version__",
     "checkpoints",
+    "plan",
 ]
 
 
@@ -46,6 +47,10 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return importlib.import_module("air_sdk.checkpoints")
+    if name == "plan":  # the memory and layout planner: pure arithmetic, no torch
+        from air_sdk.planner import plan
+
+        return plan
     if name in ("JobSnapshot", "JobSpec", "JobState", "Resources"):
         from air_sdk import schema
 

@@ -28,6 +28,7 @@ import argparse
 import array
 import gc
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -54,10 +55,11 @@ SPACING_S = 0.001
 LONG_CHUNK_S = 5.0
 SLOW_STEP_NS = 10_000_000  # a step over 10 ms is a stall (the threshold)
 
-METHODS = ("none", "air", "air-nogw", "tensorboard", "wandb")
+METHODS = ("none", "air", "air-tokens", "air-nogw", "tensorboard", "wandb")
 LABELS = {
     "none": "no logging (empty call)",
     "air": "AIR air.log, shipper posting",
+    "air-tokens": "AIR air.log + tokens= (tokens/s, MFU)",
     "air-nogw": "AIR log() without gateway",
     "tensorboard": "TensorBoard add_scalar x3",
     "wandb": "wandb offline log()",
@@ -91,6 +93,12 @@ class _Loggers:
         else:
             self.calls["air"] = lambda i, x: air.log(step=i, loss=x, acc=1.0 - x, lr=3e-4)
             self.drains["air"] = lambda: air.flush(10)
+            # tokens= adds the throughput meter's arithmetic (tokens/s and MFU from the
+            # job's AIR_PEAK_FLOPS and AIR_FLOPS_PER_TOKEN) to every call
+            self.calls["air-tokens"] = lambda i, x: air.log(
+                step=i, loss=x, acc=1.0 - x, lr=3e-4, tokens=4096
+            )
+            self.drains["air-tokens"] = lambda: air.flush(10)
         offline = MetricsShipper(rank=0, poster=None)
         self.calls["air-nogw"] = lambda i, x: offline.log(i, loss=x, acc=1.0 - x, lr=3e-4)
 
@@ -317,6 +325,9 @@ class _Tracer:
 
 
 def worker(a: argparse.Namespace) -> None:
+    # What the runner sets from JobSpec.model (Llama 3 8B at 8192 tokens): with it the
+    # MFU of `air-tokens` is arithmetic on every call, never a FLOP count.
+    os.environ.setdefault("AIR_FLOPS_PER_TOKEN", "5.79e10")
     tmp = Path(tempfile.mkdtemp(prefix="air-bench-log-"))
     loggers = _Loggers(tmp)
     work, num_matmuls = _workload(SPACING_S)
@@ -569,6 +580,7 @@ def driver(a: argparse.Namespace) -> None:
     out_dir = Path(tempfile.mkdtemp(prefix="air-bench-log-out-"))
     result_path = out_dir / "worker.json"
     env = {
+        "AIR_PEAK_FLOPS": "9.894e14",  # as on an H100: the MFU path runs on CPU too
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
         "WANDB_DIR": str(out_dir),

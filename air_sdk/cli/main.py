@@ -34,6 +34,7 @@ from air_sdk.cli.checkpoints import checkpoints_app
 from air_sdk.cli.gateway import gateway_app
 from air_sdk.cli.job_flags import with_job_options
 from air_sdk.cli.manifests import render_app
+from air_sdk.cli.plan import plan_command
 from air_sdk.client.options import JobOptions
 from air_sdk.schema.state import JobState
 
@@ -53,6 +54,7 @@ app.add_typer(gateway_app, name="gateway")
 app.add_typer(admin_app, name="admin")
 app.add_typer(render_app, name="render")
 app.add_typer(checkpoints_app, name="checkpoints")
+app.command("plan")(plan_command)
 
 #: `air metrics` shows this many most recent rows unless --all
 DEFAULT_METRIC_ROWS = 20

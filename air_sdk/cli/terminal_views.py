@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from air_sdk.schema.api import JobRecord, MetricRow
-from air_sdk.schema.snapshot import JobSnapshot
+from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot
 from air_sdk.schema.state import JobState
 
 if TYPE_CHECKING:
@@ -184,16 +184,29 @@ def status_text(record: JobRecord, snapshot: JobSnapshot | None) -> Group:
 
 
 def progress_metrics(snapshot: JobSnapshot) -> str:
-    """Step, latest metrics and rate, e.g. `step 120  loss 0.031  45.1 steps/s` ("" before any)."""
+    """Step, latest metrics, rate, tokens/s and MFU, e.g.
+    `step 120  loss 0.031  45.1 steps/s  1.23M tokens/s  MFU 41.2%` ("" before any)."""
     if snapshot.step is None:
         return ""
     pieces = [f"step {snapshot.step}"]
-    for name, value in _ordered_metrics(snapshot.latest)[:MAX_SHOWN_METRICS]:
+    logged = {k: v for k, v in snapshot.latest.items() if k not in DERIVED_METRICS}
+    for name, value in _ordered_metrics(logged)[:MAX_SHOWN_METRICS]:
         pieces.append(f"{name} {_fmt(value)}")
     rate = snapshot.steps_per_second
     if rate is not None:
         pieces.append(f"{rate:.1f} steps/s")
+    if snapshot.tokens_per_s is not None:
+        pieces.append(f"{_si(snapshot.tokens_per_s)} tokens/s")
+    if snapshot.mfu is not None:
+        pieces.append(f"MFU {snapshot.mfu:.1%}")
     return "  ".join(pieces)
+
+
+def _si(value: float) -> str:
+    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
 
 
 def progress_line(snapshot: JobSnapshot, *, elapsed_s: float | None = None) -> Text:
@@ -242,6 +255,10 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Table:
     table.add_row("final loss", "-" if loss is None else _fmt(loss))
     rate = snapshot.steps_per_second
     table.add_row("steps/second", "-" if rate is None else f"{rate:.1f}")
+    if snapshot.tokens_per_s is not None:
+        table.add_row("tokens/second", _si(snapshot.tokens_per_s))
+    if snapshot.mfu is not None:
+        table.add_row("MFU", f"{snapshot.mfu:.1%}")
     if record.started_at is not None and record.ended_at is not None:
         table.add_row("wall time", f"{record.ended_at - record.started_at:.1f} s")
     return table

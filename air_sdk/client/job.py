@@ -302,7 +302,8 @@ class Job:
         """A live notebook widget for this job (needs the `notebook` extra).
 
         Options go to `air_sdk.notebook.JobMonitor`: `total_steps`,
-        `flops_per_step` with `peak_flops` (for MFU), `max_updates_per_s`, `start`.
+        `max_updates_per_s`, `start`. Tokens/s and MFU appear by themselves when the
+        script logs `tokens=` (`air.log(step=..., loss=..., tokens=N)`).
 
         Example:
             >>> job.monitor(total_steps=1000)  # doctest: +SKIP

@@ -29,6 +29,7 @@ from air_sdk.gateway.app import (
     bearer_token,
     get_ctx,
 )
+from air_sdk.planner.refusal import submit_refusal
 from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
 from air_sdk.runner.service import spec_request
@@ -196,9 +197,13 @@ def submit(
         raise HTTPException(
             400, f"bundle {spec.bundle_sha256} was not uploaded: PUT it to /v1/bundles first"
         )
-    never = fits_ever(spec_request("new", spec), ctx.runner.backend.inventory())
+    inventory = ctx.runner.backend.inventory()
+    never = fits_ever(spec_request("new", spec), inventory)
     if never is not None:
         raise HTTPException(400, never)
+    too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])
+    if too_big is not None:
+        raise HTTPException(400, too_big)
     try:
         job, created = ctx.store.create_job(
             spec, tenant=principal.tenant, idempotency_key=idempotency_key

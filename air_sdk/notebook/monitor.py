@@ -92,12 +92,14 @@ class JobMonitor:
     """A live view of a job: state, progress, metrics chart, throughput, utilization,
     checkpoints, failure, per-rank logs and a Cancel button.
 
+    Tokens/s and MFU come from the job itself: a script that logs `tokens=` per step
+    (`air.log(step=..., loss=..., tokens=N)`) gets them measured by the worker
+    runtime, and the monitor shows them (and can chart them) with no option here.
+
     Args:
         job: the job to follow (`air_sdk.client.Job`, or anything `MonitoredJob`).
         total_steps: the run's length, for the progress bar and ETA; without it the
             monitor uses a logged scalar named `total_steps`.
-        flops_per_step: the whole job's FLOPs per step (every rank), for MFU.
-        peak_flops: the peak FLOP/s of all the job's devices together, for MFU.
         max_updates_per_s: redraws per second at most (the kernel sends every
             change to the browser; 2-4 is plenty).
         start: start following at once (else call `start()`).
@@ -113,28 +115,17 @@ class JobMonitor:
         job: MonitoredJob,
         *,
         total_steps: int | None = None,
-        flops_per_step: float | None = None,
-        peak_flops: float | None = None,
         max_updates_per_s: float = 3.0,
         start: bool = True,
     ) -> None:
         if total_steps is not None and total_steps < 1:
             raise ValueError(f"total_steps must be at least 1, not {total_steps}")
-        if (flops_per_step is None) != (peak_flops is None):
-            raise ValueError(
-                "MFU needs both flops_per_step= (the job's FLOPs per step) and"
-                " peak_flops= (the peak FLOP/s of all its devices); give both or neither"
-            )
-        if peak_flops is not None and peak_flops <= 0:
-            raise ValueError(f"peak_flops must be positive, not {peak_flops}")
         if not max_updates_per_s > 0 or not math.isfinite(max_updates_per_s):
             raise ValueError(
                 f"max_updates_per_s must be a positive number, not {max_updates_per_s}"
             )
         self.job = job
         self.total_steps = total_steps
-        self.flops_per_step = flops_per_step
-        self.peak_flops = peak_flops
         self._min_interval_s = 1.0 / max_updates_per_s
         #: redraws so far (each one pushes changed widget values to the browser)
         self.num_renders = 0
@@ -249,8 +240,6 @@ class JobMonitor:
                     name=self._name,
                     chart_png=self._current_chart_png(),
                     total_steps=self.total_steps,
-                    flops_per_step=self.flops_per_step,
-                    peak_flops=self.peak_flops,
                 ),
             }
         widget_repr = getattr(self.widget, "_repr_mimebundle_", None)  # None once closed
@@ -534,8 +523,6 @@ class JobMonitor:
             self._snapshot,
             name=self._name,
             total_steps=self.total_steps,
-            flops_per_step=self.flops_per_step,
-            peak_flops=self.peak_flops,
             picked_metric=self._metric,
             picked_log_rank=self._log_rank,
             drawn_chart_key=self._chart_key,
@@ -587,6 +574,4 @@ class JobMonitor:
             self._snapshot,
             name=self._name,
             total_steps=self.total_steps,
-            flops_per_step=self.flops_per_step,
-            peak_flops=self.peak_flops,
         )

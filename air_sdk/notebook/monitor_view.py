@@ -79,8 +79,6 @@ def monitor_view(
     *,
     name: str | None = None,
     total_steps: int | None = None,
-    flops_per_step: float | None = None,
-    peak_flops: float | None = None,
     picked_metric: str | None = None,
     picked_log_rank: int | None = None,
     drawn_chart_key: tuple[Any, ...] | None = None,
@@ -129,9 +127,7 @@ def monitor_view(
         # Without a total an empty bar would read "0% done": the step label and
         # the rate carry the progress until the job has succeeded.
         progress_shown=total is not None or snap.state is JobState.SUCCEEDED,
-        metrics_html=snapshot_html.metrics_html(
-            snap, flops_per_step=flops_per_step, peak_flops=peak_flops
-        ),
+        metrics_html=snapshot_html.metrics_html(snap),
         metric_options=snapshot_html.metric_names(snap),
         metric=metric,
         chart_key=key,

@@ -21,7 +21,7 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 
-from air_sdk.schema.snapshot import JobSnapshot
+from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot
 from air_sdk.schema.state import JobState
 
 __all__ = [
@@ -196,8 +196,9 @@ def eta_seconds(snapshot: JobSnapshot, total_steps: int | None = None) -> float 
 
 
 def throughput(snapshot: JobSnapshot) -> list[tuple[str, float]]:
-    """Samples and tokens per second: logged directly (`samples_per_s`, `tokens_per_s`)
-    or per step (`samples`, `tokens`) times steps per second.
+    """Samples and tokens per second. Tokens/s is what the worker runtime derives from
+    `air.log(..., tokens=N)` for the whole job (`tokens_per_s`); samples/s is logged
+    directly (`samples_per_s`) or per step (`samples`) times steps per second.
 
     Example:
         >>> snap = JobSnapshot(job_id="j", latest={"tokens_per_s": 5e4})
@@ -206,34 +207,27 @@ def throughput(snapshot: JobSnapshot) -> list[tuple[str, float]]:
     """
     rate = snapshot.steps_per_second
     found: list[tuple[str, float]] = []
-    for unit in ("samples", "tokens"):
-        direct = snapshot.latest.get(f"{unit}_per_s")
-        per_step = snapshot.latest.get(unit)
-        if direct is not None:
-            found.append((f"{unit}/s", direct))
-        elif per_step is not None and rate is not None:
-            found.append((f"{unit}/s", per_step * rate))
+    samples = snapshot.latest.get("samples_per_s")
+    per_step = snapshot.latest.get("samples")
+    if samples is None and per_step is not None and rate is not None:
+        samples = per_step * rate
+    if samples is not None:
+        found.append(("samples/s", samples))
+    # `tokens` is per rank: only the runtime, which knows the data-parallel size, scales it
+    if snapshot.tokens_per_s is not None:
+        found.append(("tokens/s", snapshot.tokens_per_s))
     return found
 
 
-def mfu(
-    snapshot: JobSnapshot, flops_per_step: float | None, peak_flops: float | None
-) -> float | None:
-    """Model FLOPs utilization, 0..1: flops_per_step * steps_per_s / peak_flops.
-
-    `flops_per_step` counts the whole job's work per step (every rank);
-    `peak_flops` is the peak FLOP/s of all the job's devices together.
+def mfu(snapshot: JobSnapshot) -> float | None:
+    """Model FLOPs utilization, 0..1, as the worker runtime measured it from
+    `air.log(..., tokens=N)` (None on CPU or before it is known).
 
     Example:
-        >>> snap = JobSnapshot(job_id="j", step=10, first_point_step=0,
-        ...                    first_point_ts=0.0, last_point_ts=10.0)
-        >>> mfu(snap, flops_per_step=4e12, peak_flops=1e13)
+        >>> mfu(JobSnapshot(job_id="j", latest={"mfu": 0.4}))
         0.4
     """
-    rate = snapshot.steps_per_second
-    if flops_per_step is None or not peak_flops or rate is None:
-        return None
-    return flops_per_step * rate / peak_flops
+    return snapshot.mfu
 
 
 def metric_names(snapshot: JobSnapshot) -> list[str]:
@@ -303,28 +297,27 @@ def progress_text(snapshot: JobSnapshot, *, total_steps: int | None = None) -> s
     return " · ".join(pieces)
 
 
-def _perf_pieces(
-    snapshot: JobSnapshot, flops_per_step: float | None, peak_flops: float | None
-) -> list[str]:
+def _perf_pieces(snapshot: JobSnapshot) -> list[str]:
     pieces = [f"{format_number(value)} {unit}" for unit, value in throughput(snapshot)]
-    utilization = mfu(snapshot, flops_per_step, peak_flops)
+    utilization = mfu(snapshot)
     if utilization is not None:
         pieces.append(f"MFU {utilization:.1%}")
     return pieces
 
 
-def metrics_html(
-    snapshot: JobSnapshot,
-    *,
-    flops_per_step: float | None = None,
-    peak_flops: float | None = None,
-) -> str:
+def _shown_metrics(snapshot: JobSnapshot) -> list[str]:
+    # Throughput and MFU are shown as such, not again among the logged values.
+    names = [n for n in snapshot.latest if n not in DERIVED_METRICS]
+    return sorted(names, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+
+
+def metrics_html(snapshot: JobSnapshot) -> str:
     """Throughput, MFU and the latest value of every metric ("" before any)."""
     parts: list[str] = []
-    perf = _perf_pieces(snapshot, flops_per_step, peak_flops)
+    perf = _perf_pieces(snapshot)
     if perf:
         parts.append("<b>" + " &middot; ".join(_esc(p) for p in perf) + "</b>")
-    names = sorted(snapshot.latest, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+    names = _shown_metrics(snapshot)
     if names:
         parts.append(
             " &middot; ".join(
@@ -471,8 +464,6 @@ def render_html(
     name: str | None = None,
     chart_png: bytes | None = None,
     total_steps: int | None = None,
-    flops_per_step: float | None = None,
-    peak_flops: float | None = None,
     max_log_lines: int = DEFAULT_LOG_LINES,
     max_log_ranks: int = MAX_LOG_RANKS,
 ) -> str:
@@ -495,7 +486,7 @@ def render_html(
         )
     parts.append(f"<div>{progress}</div>")
     for section in (
-        metrics_html(snapshot, flops_per_step=flops_per_step, peak_flops=peak_flops),
+        metrics_html(snapshot),
         _chart_img(chart_png),
         utilization_html(snapshot),
         checkpoints_html(snapshot),
@@ -537,8 +528,6 @@ def render_text(
     *,
     name: str | None = None,
     total_steps: int | None = None,
-    flops_per_step: float | None = None,
-    peak_flops: float | None = None,
     max_log_lines: int = 5,
 ) -> str:
     """A plain-text summary for terminals and non-Jupyter front ends.
@@ -554,10 +543,10 @@ def render_text(
     if snapshot.state_reason and snapshot.state is not JobState.RUNNING:
         lines[0] += f"  {snapshot.state_reason}"
     lines.append(progress_text(snapshot, total_steps=total_steps).replace(" · ", "  "))
-    names = sorted(snapshot.latest, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+    names = _shown_metrics(snapshot)
     if names:
         lines.append("  ".join(f"{n} {format_number(snapshot.latest[n])}" for n in names))
-    perf = _perf_pieces(snapshot, flops_per_step, peak_flops)
+    perf = _perf_pieces(snapshot)
     if perf:
         lines.append("  ".join(perf))
     for key in sorted(snapshot.utilization):

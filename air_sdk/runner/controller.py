@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from air_sdk.errors import ConfigError
+from air_sdk.planner.worker_env import worker_env
 from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
+from air_sdk.runner.flight_recorder import hang_report
 from air_sdk.runner.policy import (
     FailureAction,
     HangPolicy,
@@ -25,6 +27,7 @@ from air_sdk.runner.policy import (
     StragglerPolicy,
     diagnose,
 )
+from air_sdk.runtime._flight_recorder import FLIGHT_RECORDER_ENV
 from air_sdk.schema import (
     PARALLELISM_ENV,
     EventType,
@@ -292,7 +295,10 @@ class JobController:
             PARALLELISM_ENV: self.spec.parallelism.resolve(
                 self.spec.resources.world_size
             ).model_dump_json(),
+            **worker_env(self.spec),  # the model's FLOPs per token, for MFU
         }
+        if self.spec.resources.gpus_per_node:  # NCCL's flight recorder, to explain a hang
+            env[FLIGHT_RECORDER_ENV] = "1"
         request = LaunchRequest(
             job_id=self.job_id,
             attempt=self.attempt,
@@ -403,6 +409,10 @@ class JobController:
         assert self.handle is not None
         timeout = self.hang_policy.timeout_for(self._progress)
         stacks = self.backend.rank_stacks(self.handle)
+        # Each rank's last collectives, while the ranks still live to dump them.
+        collectives = hang_report(
+            self.paths.attempt(self.attempt), num_ranks=self.spec.resources.world_size
+        )
         handle = self.handle
         # A stopped or wedged rank cannot act on SIGTERM: waiting the full grace only
         # delays the restart (measured: 5 of the 6.8 s past the timeout).
@@ -413,10 +423,12 @@ class JobController:
             kind="hang",
             reason=f"no progress from rank{'s' if len(stalled) > 1 else ''} "
             + ", ".join(f"{r} (last step {steps[r]})" for r in stalled)
-            + f" for {timeout:g} s (hang_timeout_s)",
-            rank=stalled[0],
+            + f" for {timeout:g} s (hang_timeout_s)"
+            + (f"; flight recorder: {collectives.summary}" if collectives else ""),
+            rank=(collectives.culprits or stalled)[0] if collectives else stalled[0],
             stalled_ranks=stalled,
             stacks=stacks,
+            collectives=collectives.last_collectives if collectives else {},
             log_tail=self._node_tails(handle).get(self.placement.nodes[0].node, [])[-5:],
         )
         self._fail_or_restart(failure)

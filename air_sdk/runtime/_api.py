@@ -18,9 +18,16 @@ def log(step: int, **values: Any) -> None:
     tensor costs a device sync: log every few steps, or pass `.item()` you
     already have). A non-numeric value raises TypeError naming its key.
 
+    `tokens=N` (the tokens in this rank's batch per step) turns on throughput: from
+    the next log on, the point also carries `tokens_per_s` for the whole job and,
+    on a GPU AIR knows (or with `AIR_PEAK_FLOPS`), `mfu`, with the FLOPs per step
+    counted once by torch's FlopCounterMode over the first logged interval (or
+    taken from `JobSpec.model`). See `air_sdk.runtime._throughput`.
+
     Example:
         >>> import air_sdk.runtime as air
         >>> air.log(step=1, loss=0.25, lr=3e-4)
+        >>> air.log(step=2, loss=0.24, tokens=8 * 1024)
     """
     get_shipper().log(step, **values)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from air_sdk.runtime._context import context, job_token
 from air_sdk.runtime._poster import PostOutcome, ReportPoster, report_url, warn
+from air_sdk.runtime._throughput import TOKENS, ThroughputMeter, meter_from_env
 from air_sdk.schema.events import (
     MAX_LOG_LINE_CHARS,
     MAX_LOG_LINES_PER_REPORT,
@@ -165,6 +166,7 @@ class MetricsShipper:
         self._exit: dict[str, Any] | None = None
         self._samples: list[dict[str, Any]] = []
         self._checkpoints: list[dict[str, Any]] = []
+        self._meter: ThroughputMeter | None = None  # made at the first log with tokens=
         self._num_enqueued = 0  # every item handed to the shipper, to tell flush() when it is done
         self._num_settled = 0
         self._settled = threading.Condition()
@@ -188,12 +190,19 @@ class MetricsShipper:
         except TypeError:
             raise TypeError(f"air.log(): step must be an int, not {type(step).__name__}") from None
         floats = _floats(values)
+        now = 0.0
+        if TOKENS in floats:  # one dict lookup for everyone else
+            now = time.time()
+            meter = self._meter
+            if meter is None:
+                meter = self._meter = meter_from_env()
+            meter.add_to(floats, step, now)
         self.latest.update(floats)
         self.num_step_marks += 1
         if not self._enabled:
             self.last_step = step
             return
-        item = (step, time.time(), floats)
+        item = (step, now or time.time(), floats)
         with self._lock:  # last_step too, so a report's heartbeat never runs ahead of its points
             self.last_step = step
             points = self._points
@@ -274,6 +283,8 @@ class MetricsShipper:
     def close(self, timeout: float = 10.0) -> bool:
         """Flush and stop the thread (also run at exit); False if data was left unsent."""
         atexit.unregister(self.close)
+        if self._meter is not None:
+            self._meter.close()
         thread = self._thread
         if thread is None or not thread.is_alive():
             self._enabled = False

@@ -30,6 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime._context import context
+from air_sdk.runtime._flight_recorder import trace_env
 
 if TYPE_CHECKING:
     from air_sdk.runtime._shipper import MetricsShipper
@@ -211,6 +212,18 @@ def _rank_exit(
     return RankExit(rank=rank, node=node, exit_code=None, signal=name, oom_killed=oom, tail=tail)
 
 
+def _sample_interval_s() -> float:
+    """Seconds between device samples: `AIR_SAMPLE_INTERVAL_S` (0 turns sampling off),
+    default 2 (what `_sampler.DEFAULT_INTERVAL_S` says; not imported: psutil is heavy)."""
+    raw = os.environ.get("AIR_SAMPLE_INTERVAL_S", "")
+    try:
+        value = float(raw) if raw else 2.0
+    except ValueError:
+        print(f"[air] ignoring AIR_SAMPLE_INTERVAL_S={raw!r}: not a number", file=sys.stderr)
+        return 2.0
+    return max(value, 0.0)
+
+
 def _write_exit_file(rank_exit: RankExit) -> None:
     """Atomically write `$AIR_ATTEMPT_DIR/exits/rank-N.json` for the local runner."""
     attempt_dir = os.environ.get("AIR_ATTEMPT_DIR")
@@ -262,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     oom_before = _oom_kill_count()
     child = subprocess.Popen(
         command,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # trace_env: torch's flight recorder for GPU jobs, so a hang can name its rank
+        env={**os.environ, **trace_env(), "PYTHONUNBUFFERED": "1"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -276,10 +290,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     shipper = shipper_from_env(flush_interval=0.25)  # threads only after the fork
     shipper.heartbeat()  # the rank is up: the runner marks the job RUNNING once all are
     sampler = None
-    if ctx.local_rank == 0 and shipper.enabled:  # one sampler per node
+    interval = _sample_interval_s()
+    if ctx.local_rank == 0 and shipper.enabled and interval:  # one sampler per node
         from air_sdk.runtime._sampler import DeviceSampler
 
-        sampler = DeviceSampler(ctx.node_name, shipper)
+        sampler = DeviceSampler(ctx.node_name, shipper, interval_s=interval)
         sampler.start()
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     tail_lock = threading.Lock()

@@ -60,6 +60,7 @@ from air_sdk.schema.spec import (
     CheckpointSpec,
     FailurePolicySpec,
     JobSpec,
+    ModelSpec,
     Parallelism,
     Resources,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "MetricRow",
     "MetricsBatch",
     "MetricsPage",
+    "ModelSpec",
     "NodeAssignment",
     "NodeHealth",
     "NodeHealthList",

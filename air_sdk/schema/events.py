@@ -141,6 +141,8 @@ class FailureInfo(_Payload):
     #: hangs: the ranks that stopped progressing, and every rank's Python stack
     stalled_ranks: list[int] = Field(default_factory=list)
     stacks: dict[int, str] = Field(default_factory=dict)
+    #: hangs of GPU jobs: each rank's last collectives, from torch's flight recorder
+    collectives: dict[int, list[str]] = Field(default_factory=dict)
     #: False for failures not charged to the restart budget (preemption, a lost gateway)
     charged: bool = True
 

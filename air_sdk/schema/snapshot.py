@@ -30,6 +30,15 @@ from air_sdk.schema.state import JobState
 #: points kept per metric name for charts; older points are thinned, not dropped at random
 MAX_SERIES_POINTS = 2000
 
+#: series the worker runtime derives from `air.log(..., tokens=N)` (see
+#: `air_sdk.runtime._throughput`): the job's tokens per second, rank 0's model FLOPs
+#: utilization (0..1), and rank 0's FLOPs per step once counted
+TOKENS_PER_S_METRIC = "tokens_per_s"
+MFU_METRIC = "mfu"
+FLOPS_PER_STEP_METRIC = "flops_per_step"
+#: derived values, shown as throughput rather than among the logged metrics
+DERIVED_METRICS = frozenset({TOKENS_PER_S_METRIC, MFU_METRIC, FLOPS_PER_STEP_METRIC})
+
 
 class JobSnapshot(BaseModel):
     """What is known about a job after folding its events up to `last_seq`.
@@ -92,6 +101,29 @@ class JobSnapshot(BaseModel):
         ):
             return None
         return (self.step - self.first_point_step) / (self.last_point_ts - self.first_point_ts)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """The whole job's tokens per second at the latest point that had them (the
+        runtime derives it from `air.log(..., tokens=N)`); its history is
+        `series["tokens_per_s"]`.
+
+        Example:
+            >>> JobSnapshot(job_id="j", latest={"tokens_per_s": 5e4}).tokens_per_s
+            50000.0
+        """
+        return self.latest.get(TOKENS_PER_S_METRIC)
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization (0..1) as rank 0 measures it; None without a known
+        peak (a CPU) or FLOP count. Its history is `series["mfu"]`.
+
+        Example:
+            >>> JobSnapshot(job_id="j", latest={"mfu": 0.41}).mfu
+            0.41
+        """
+        return self.latest.get(MFU_METRIC)
 
     def apply(self, e: Event) -> None:
         """Fold one event (one already folded, by `seq`, is skipped).

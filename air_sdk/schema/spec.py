@@ -23,6 +23,11 @@ RESERVED_ENV = frozenset(
         "CUDA_VISIBLE_DEVICES",
     }
 )
+#: AIR_* variables a job may set itself: knobs of the worker runtime, not its contract
+#: (`AIR_PEAK_FLOPS` for a GPU the device table lacks, see air_sdk.runtime._throughput)
+USER_AIR_ENV = frozenset(
+    {"AIR_PEAK_FLOPS", "AIR_MFU_DTYPE", "AIR_COUNT_FLOPS", "AIR_SAMPLE_INTERVAL_S"}
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -77,6 +82,8 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 #: The env var that carries the resolved layout to every rank (JSON of `Parallelism`).
 PARALLELISM_ENV = "AIR_PARALLELISM"
+#: Training FLOPs per token of `JobSpec.model` (the planner's count), for the runtime's MFU.
+FLOPS_PER_TOKEN_ENV = "AIR_FLOPS_PER_TOKEN"
 
 
 class Parallelism(_Frozen):
@@ -154,6 +161,76 @@ class Parallelism(_Frozen):
     def sizes(self) -> dict[str, int]:
         """{dim: size} in mesh order (`MESH_DIMS`), as `init_device_mesh` takes them."""
         return {d: getattr(self, d) for d in MESH_DIMS}
+
+
+#: model shape fields that together describe a transformer without a preset
+MODEL_SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
+
+
+class ModelSpec(_Frozen):
+    """What the job trains, as much as the memory planner (`air plan`) needs: a preset
+    name, a parameter count, or a transformer's shape, plus the batch it runs.
+
+    With it, a GPU job whose layout cannot fit its GPUs is refused at submit, with a
+    layout that fits. Shape fields override a preset's.
+
+    Example:
+        >>> ModelSpec(preset="llama3-8b", seq_len=8192).seq_len
+        8192
+        >>> ModelSpec(num_params=7_000_000_000).num_params
+        7000000000
+    """
+
+    preset: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$",
+        description="A known model: llama3-8b, llama3-70b, gpt2-124m (see `air plan --help`).",
+    )
+    num_params: int | None = Field(
+        None, ge=1, description="Parameter count, when the shape is not given."
+    )
+    arch: Literal["llama", "gpt2"] | None = Field(
+        None, description="Block layout: llama (SwiGLU, RMSNorm) or gpt2 (GELU, LayerNorm)."
+    )
+    num_layers: int | None = Field(None, ge=1, le=10_000)
+    hidden_size: int | None = Field(None, ge=1, le=1_000_000)
+    num_heads: int | None = Field(None, ge=1, le=10_000)
+    num_kv_heads: int | None = Field(None, ge=1, le=10_000, description="Default: num_heads.")
+    vocab_size: int | None = Field(None, ge=1, le=100_000_000)
+    ffn_hidden_size: int | None = Field(
+        None, ge=1, le=10_000_000, description="Default: 4 x hidden_size."
+    )
+    seq_len: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description="Tokens per sequence; default: the preset's (8192 for Llama 3), else 2048.",
+    )
+    micro_batch: int = Field(1, ge=1, le=1_000_000, description="Sequences per micro-batch.")
+    grad_accum: int = Field(
+        1, ge=1, le=1_000_000, description="Micro-batches per step on each data-parallel rank."
+    )
+    activation_checkpointing: bool | None = Field(
+        None, description="None: the planner may use it where it is needed to fit."
+    )
+    precision: Literal["bf16-mixed", "fp32"] = Field(
+        "bf16-mixed", description="bf16 compute on fp32 parameters and optimizer state, or fp32."
+    )
+
+    @model_validator(mode="after")
+    def _described(self) -> ModelSpec:
+        if self.preset is not None or self.num_params is not None:
+            return self
+        given = [f for f in MODEL_SHAPE_FIELDS if getattr(self, f) is not None]
+        if not given:
+            raise ValueError(
+                "describe the model: give preset (e.g. llama3-8b), num_params, or its shape"
+                f" ({', '.join(MODEL_SHAPE_FIELDS)})"
+            )
+        missing = [f for f in MODEL_SHAPE_FIELDS if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"the model's shape misses {', '.join(missing)}")
+        return self
 
 
 class CheckpointSpec(_Frozen):
@@ -245,6 +322,11 @@ class JobSpec(_Frozen):
         default_factory=Parallelism,
         description="Mesh sizes (FSDP, TP, PP, CP); the ranks read them from AIR_PARALLELISM.",
     )
+    model: ModelSpec | None = Field(
+        None,
+        description="What is trained, for the memory planner; a GPU job whose layout"
+        " cannot fit its GPUs is then refused at submit.",
+    )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
@@ -300,7 +382,7 @@ class JobSpec(_Frozen):
         for k, val in v.items():
             if not _ENV_NAME.match(k):
                 raise ValueError(f"env name {k!r} is not a valid variable name")
-            if k in RESERVED_ENV or k.startswith("AIR_"):
+            if k in RESERVED_ENV or (k.startswith("AIR_") and k not in USER_AIR_ENV):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
                 raise ValueError(f"env {k} is over {MAX_ARG_CHARS} characters or holds a NUL")

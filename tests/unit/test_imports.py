@@ -50,16 +50,18 @@ RULES: dict[str, Rule] = {
     "scheduler": rule("schema errors", never=f"{SERVER} torch requests"),
     "store": rule("schema redact errors", never="fastapi starlette uvicorn torch requests"),
     # imported by training code inside workers: no server code
-    "runtime": rule("runtime schema errors", never=f"{SERVER} typer {NOTEBOOK_UI}"),
+    "runtime": rule(
+        "runtime schema errors", lazily="planner", never=f"{SERVER} typer {NOTEBOOK_UI}"
+    ),
     "runner": rule(
-        "runner scheduler store schema errors redact _agent runtime",
+        "runner scheduler store schema errors redact _agent runtime planner",
         lazily="bundle",
         never=f"fastapi starlette uvicorn requests {NOTEBOOK_UI}",
     ),
     # the HTTP face may use everything below it; of the client only the local-gateway helper
     "gateway": rule(
         "gateway runner store scheduler schema bundle redact errors config gateway_config"
-        " client.local_gateway",
+        " client.local_gateway planner",
         never=f"torch typer {NOTEBOOK_UI}",
     ),
     # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()
@@ -72,15 +74,17 @@ RULES: dict[str, Rule] = {
     # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
     "cli": rule(
         "cli client schema errors config gateway_config",
-        lazily="gateway.server manifests bundle examples checkpoints",
+        lazily="gateway.server manifests bundle examples checkpoints planner",
         never=f"{SERVER} torch {NOTEBOOK_UI}",
     ),
     # `air checkpoints export` on the client side: the runtime's reader only when exporting
     "checkpoints": rule("errors", lazily="client runtime schema", never=SERVER),
+    # the memory and layout planner: pure arithmetic over the schema's layout
+    "planner": rule("planner schema", never=f"{SERVER} torch requests {NOTEBOOK_UI}"),
     "manifests": rule("manifests schema errors redact", never=f"{SERVER} torch kubernetes"),
     "examples": rule("runtime", never=SERVER),
     "_agent": rule("", never=SERVER),
-    "__init__": rule("errors", lazily="client schema"),
+    "__init__": rule("errors", lazily="client schema planner"),
     # thin: parse, call the client or the notebook helpers; never the gateway
     "magics": rule("client notebook schema errors config", never=f"{SERVER} torch typer"),
 }

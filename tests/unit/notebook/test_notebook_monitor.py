@@ -244,14 +244,18 @@ def test_chart_redrawn_only_when_its_series_changes(make_monitor, monkeypatch) -
     assert len(drawn) == num_drawn
 
 
-def test_throughput_and_mfu(make_monitor) -> None:
-    monitor, job = make_monitor(flops_per_step=1e12, peak_flops=1e13)
+def test_throughput_and_mfu_come_from_the_job_with_no_option(make_monitor) -> None:
+    monitor, job = make_monitor()
     job.start_running()
-    job.step(0, loss=1.0, samples=32)
-    job.step(20, loss=0.5, samples=32)  # 20 steps in 20 s: 1 step/s
+    job.step(0, loss=1.0, samples=32, tokens=4096)
+    # what the worker runtime adds to a point logged with tokens=
+    job.step(20, loss=0.5, samples=32, tokens=4096, tokens_per_s=32768.0, mfu=0.1)
     metrics = find(monitor.widget, "air-metrics")
     wait_until(lambda: "MFU 10.0%" in metrics.value, "MFU")
-    assert "32 samples/s" in metrics.value
+    assert "32 samples/s" in metrics.value and "32.77k tokens/s" in metrics.value
+    # shown as throughput, not again among the logged values
+    assert "tokens_per_s" not in metrics.value and ">mfu<" not in metrics.value
+    assert {"tokens_per_s", "mfu"} <= set(find(monitor.widget, "air-metric").options)
 
 
 def test_utilization_and_checkpoint_tables(make_monitor) -> None:
@@ -478,9 +482,6 @@ def test_snapshot_is_a_copy(make_monitor) -> None:
     ("options", "message"),
     [
         ({"total_steps": 0}, "total_steps"),
-        ({"flops_per_step": 1e12}, "both"),
-        ({"peak_flops": 1e12}, "both"),
-        ({"flops_per_step": 1.0, "peak_flops": -1.0}, "peak_flops"),
         ({"max_updates_per_s": 0}, "max_updates_per_s"),
     ],
 )

@@ -205,20 +205,23 @@ def test_html_without_any_events_is_still_a_page() -> None:
 # -- helpers ----------------------------------------------------------------------
 
 
-def test_throughput_from_per_step_counts_or_direct_rates() -> None:
+def test_throughput_from_per_step_samples_or_the_runtimes_tokens_per_s() -> None:
     per_step = running(10, samples=32, tokens=4096).snapshot()  # 1 step/s
-    assert snapshot_html.throughput(per_step) == [("samples/s", 32.0), ("tokens/s", 4096.0)]
+    # tokens= is per rank: only the runtime (which knows the data-parallel size) scales it
+    assert snapshot_html.throughput(per_step) == [("samples/s", 32.0)]
     direct = running(10, tokens_per_s=5e4, tokens=4096).snapshot()
     assert snapshot_html.throughput(direct) == [("tokens/s", 5e4)]
     assert snapshot_html.throughput(JobSnapshot(job_id=JOB)) == []
 
 
-def test_mfu_is_flops_times_rate_over_peak() -> None:
-    snapshot = Log().step(0, ts=0.0, loss=1.0).step(20, ts=10.0, loss=0.5).snapshot()  # 2 steps/s
-    assert snapshot_html.mfu(snapshot, 1e12, 1e13) == pytest.approx(0.2)
-    assert snapshot_html.mfu(snapshot, None, 1e13) is None
-    page = render_html(snapshot, flops_per_step=1e12, peak_flops=1e13)
+def test_mfu_is_what_the_runtime_measured() -> None:
+    snapshot = Log().step(0, ts=0.0, loss=1.0).step(20, ts=10.0, loss=0.5, mfu=0.2).snapshot()
+    assert snapshot_html.mfu(snapshot) == pytest.approx(0.2)
+    assert snapshot_html.mfu(Log().step(0, ts=0.0, loss=1.0).snapshot()) is None
+    page = render_html(snapshot)
     assert "MFU 20.0%" in page
+    text = render_text(snapshot)
+    assert "MFU 20.0%" in text and "mfu 0.2" not in text
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,8 @@ def store(tmp_path):
 
 def make(store, tmp_path, unhealthy=None, **spec_kw):
     spec_kw.setdefault("failure", {"backoff_base_s": 0.0, "backoff_max_s": 0.0})
-    spec = JobSpec(entrypoint="t.py", resources=Resources(nodes=2), **spec_kw)
+    spec_kw.setdefault("resources", Resources(nodes=2))
+    spec = JobSpec(entrypoint="t.py", **spec_kw)
     job, _ = store.create_job(spec, tenant="default")
     job = store.transition(job.id, JobState.SCHEDULED, "placed")
     placement = Placement(
@@ -256,6 +257,54 @@ def test_hang_names_the_stalled_rank_with_stacks(store, tmp_path):
     assert "rank 1 (last step 7)" in failure.reason and "hang_timeout_s" in failure.reason
     assert "all_reduce" in failure.stacks[0]
     assert backend.attempts[0].terminated
+
+
+def test_a_gpu_hang_names_the_rank_behind_from_the_flight_recorder(store, tmp_path):
+    import pickle
+    import time
+
+    gpus = Resources(nodes=2, gpus_per_node=1)
+    ctl, backend = make(store, tmp_path, resources=gpus, failure={"hang_timeout_s": 5})
+    ctl.step()
+    assert backend.launches[0].env["AIR_FLIGHT_RECORDER"] == "1"
+    # what torch's flight recorder left in the attempt (here: NCCL's own timeout dumps)
+    traces = ctl.paths.attempt(ctl.attempt) / "flight-recorder"
+    traces.mkdir(parents=True)
+
+    def entry(seq, state):
+        return {
+            "process_group": ("0", "default_pg"),
+            "collective_seq_id": seq,
+            "profiling_name": "nccl:all_reduce",
+            "input_sizes": [[1024]],
+            "state": state,
+        }
+
+    (traces / "rank_0").write_bytes(pickle.dumps({"entries": [entry(8, "completed")]}))
+    (traces / "rank_1").write_bytes(
+        pickle.dumps({"entries": [entry(8, "completed"), entry(9, "started")]})
+    )
+    now = time.time()
+    progress(store, ctl, 0, 7, now - 30)
+    progress(store, ctl, 1, 7, now - 30)
+    ctl.step()
+    ctl._next_progress_check = 0
+    assert ctl.step()[1] is JobState.FAILED
+    failure = store.get_job(ctl.job_id).failure
+    assert failure.kind == "hang" and failure.rank == 0
+    assert failure.reason.endswith(
+        "hang_timeout_s); flight recorder: rank 0 is behind in process group 0 (default_pg):"
+        " rank 1 waits in all_reduce #9 ([1024]); rank 0 last called all_reduce #8 (completed)"
+    )
+    assert failure.collectives[1][-1].startswith("all_reduce #9 in process group 0")
+
+
+def test_the_launch_env_carries_the_models_flops_and_no_recorder_on_cpu(store, tmp_path):
+    ctl, backend = make(store, tmp_path, model={"preset": "gpt2-124m"})
+    ctl.step()
+    env = backend.launches[0].env
+    assert float(env["AIR_FLOPS_PER_TOKEN"]) == pytest.approx(855_383_040)
+    assert "AIR_FLIGHT_RECORDER" not in env
 
 
 def test_ranks_that_never_report_progress_are_not_judged(store, tmp_path):

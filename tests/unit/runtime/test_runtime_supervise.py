@@ -277,3 +277,44 @@ def test_the_supervisor_starts_light_and_keeps_the_schema_line_limit():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_gpu_jobs_rank_runs_with_the_flight_recorder_on(tmp_path: Path) -> None:
+    (tmp_path / "show.py").write_text(
+        "import os\n"
+        "for k in ('TORCH_NCCL_TRACE_BUFFER_SIZE', 'TORCH_NCCL_DEBUG_INFO_PIPE_FILE',"
+        " 'TORCH_NCCL_DUMP_ON_TIMEOUT', 'TORCH_FR_BUFFER_SIZE'):\n"
+        "    print(k, os.environ.get(k))\n"
+    )
+    attempt = tmp_path / "attempt"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "AIR_FLIGHT_RECORDER": "1",
+        "AIR_ATTEMPT_DIR": str(attempt),
+        "TORCH_FR_BUFFER_SIZE": "50",  # the job's own choice wins
+    }
+    supervised = Supervised(tmp_path, ["show.py"], env)
+    assert supervised.finish() == 0
+    assert supervised.lines == [
+        "[rank 0] TORCH_NCCL_TRACE_BUFFER_SIZE 2000",
+        f"[rank 0] TORCH_NCCL_DEBUG_INFO_PIPE_FILE {attempt}/flight-recorder/rank_",
+        "[rank 0] TORCH_NCCL_DUMP_ON_TIMEOUT 1",
+        "[rank 0] TORCH_FR_BUFFER_SIZE 50",
+    ]
+    assert (attempt / "flight-recorder").is_dir()
+
+
+def test_the_device_sample_interval_is_the_jobs_to_choose(monkeypatch, capsys):
+    from air_sdk.runtime import supervise
+    from air_sdk.runtime._sampler import DEFAULT_INTERVAL_S
+
+    monkeypatch.delenv("AIR_SAMPLE_INTERVAL_S", raising=False)
+    assert supervise._sample_interval_s() == DEFAULT_INTERVAL_S
+    monkeypatch.setenv("AIR_SAMPLE_INTERVAL_S", "0")  # off
+    assert supervise._sample_interval_s() == 0
+    monkeypatch.setenv("AIR_SAMPLE_INTERVAL_S", "0.1")
+    assert supervise._sample_interval_s() == 0.1
+    monkeypatch.setenv("AIR_SAMPLE_INTERVAL_S", "often")
+    assert supervise._sample_interval_s() == DEFAULT_INTERVAL_S
+    assert "ignoring AIR_SAMPLE_INTERVAL_S='often'" in capsys.readouterr().err

@@ -192,3 +192,12 @@ def test_the_default_layout_fits_any_world_size_and_round_trips() -> None:
     assert spec.parallelism.is_default
     assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
     assert spec.parallelism.resolve(3).dp_shard == 3
+
+
+def test_a_job_may_set_the_runtimes_throughput_knobs_but_no_other_air_variable():
+    from air_sdk.schema import JobSpec
+
+    spec = JobSpec(entrypoint="t.py", env={"AIR_PEAK_FLOPS": "4e14", "AIR_MFU_DTYPE": "fp8"})
+    assert spec.env["AIR_PEAK_FLOPS"] == "4e14"
+    with pytest.raises(ValueError, match="AIR_FLOPS_PER_TOKEN is set by AIR"):
+        JobSpec(entrypoint="t.py", env={"AIR_FLOPS_PER_TOKEN": "1"})

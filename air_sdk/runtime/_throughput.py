@@ -1,0 +1,271 @@
+"""Tokens per second and MFU from `air.log(step=..., tokens=N)`, with no arithmetic in
+the training script.
+
+`tokens` is what this rank's batch held in one step (micro-batches x sequence
+length, before any context-parallel split). Between two logs the meter knows the
+steps done and the wall time, so:
+
+- `tokens_per_s` (the whole job): tokens x steps/s x data-parallel ranks, where
+  the data-parallel ranks are the world size over tp x pp x cp of `AIR_PARALLELISM`
+  (ranks of one tensor/pipeline/context group share their tokens);
+- `mfu` (0..1): this rank's FLOP/s over its GPU's peak. The FLOPs per step come
+  from `AIR_FLOPS_PER_TOKEN` (the runner sets it from `JobSpec.model`: 6 per matmul
+  parameter plus attention), else they are counted once: `FlopCounterMode` is on
+  from the first `tokens=` log to the next, and what it counted over those steps is
+  this rank's FLOPs per step (forward, backward and any recompute; a DTensor's local
+  shard, so tensor parallel counts each rank's share), logged once as
+  `flops_per_step`. The counted window runs slower, so it yields no rate.
+
+The peak is `AIR_PEAK_FLOPS` when set (FLOP/s of one device), else the device table's
+(`air_sdk.planner.devices`) for the GPU's name and `AIR_MFU_DTYPE` (default bf16).
+Without either (a CPU) there is no MFU; tokens/s still. `AIR_COUNT_FLOPS=0` turns the
+counting off.
+
+Example:
+    >>> meter = ThroughputMeter(world_size=8, non_data_parallel=1, peak_flops=1e15,
+    ...                         flops_per_token=6e9)
+    >>> meter.observe(10, 100.0, tokens=4096) is None  # the first log only starts the clock
+    True
+    >>> out = meter.observe(20, 102.0, tokens=4096)      # 10 steps in 2 s on 8 ranks
+    >>> out["tokens_per_s"], round(out["mfu"], 4)
+    (163840.0, 0.1229)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "FLOPS_PER_STEP",
+    "MFU",
+    "TOKENS",
+    "TOKENS_PER_S",
+    "ThroughputMeter",
+    "meter_from_env",
+]
+
+#: the key a script logs: tokens in this rank's batch per step
+TOKENS = "tokens"
+#: what the meter adds to the point (the schema's snapshot knows these names too)
+TOKENS_PER_S = "tokens_per_s"
+MFU = "mfu"
+FLOPS_PER_STEP = "flops_per_step"
+
+PEAK_FLOPS_ENV = "AIR_PEAK_FLOPS"
+FLOPS_PER_TOKEN_ENV = "AIR_FLOPS_PER_TOKEN"  # = air_sdk.schema.spec.FLOPS_PER_TOKEN_ENV
+MFU_DTYPE_ENV = "AIR_MFU_DTYPE"
+COUNT_FLOPS_ENV = "AIR_COUNT_FLOPS"
+
+
+class ThroughputMeter:
+    """Turns (step, time, tokens) of successive logs into tokens/s and MFU.
+
+    `non_data_parallel` is tp x pp x cp: how many ranks share one batch's tokens.
+    `count_flops` counts FLOPs with torch's `FlopCounterMode` when `flops_per_token`
+    is not known (it needs torch imported and a peak to compare with).
+    """
+
+    def __init__(
+        self,
+        *,
+        world_size: int = 1,
+        non_data_parallel: int = 1,
+        peak_flops: float | None = None,
+        flops_per_token: float | None = None,
+        count_flops: bool = False,
+    ) -> None:
+        if world_size < 1 or non_data_parallel < 1 or world_size % non_data_parallel:
+            raise ValueError(
+                f"world_size={world_size} must be a positive multiple of"
+                f" non_data_parallel={non_data_parallel}"
+            )
+        self.data_parallel = world_size // non_data_parallel
+        self.non_data_parallel = non_data_parallel
+        self.peak_flops = peak_flops if peak_flops and peak_flops > 0 else None
+        self.flops_per_token = flops_per_token if flops_per_token and flops_per_token > 0 else None
+        #: this rank's FLOPs per step as counted (None until counted)
+        self.flops_per_step: float | None = None
+        self._count = count_flops and self.peak_flops is not None and self.flops_per_token is None
+        # MFU per token per second (or per step per second), precomputed for the hot path:
+        # each rank does 1/non_data_parallel of its group's FLOPs per token
+        self._mfu_per_token = (
+            self.flops_per_token / non_data_parallel / self.peak_flops
+            if self.flops_per_token and self.peak_flops
+            else 0.0
+        )
+        self._mfu_per_step = 0.0
+        self._counter: Any = None
+        self._prev: tuple[int, float] | None = None
+
+    def observe(self, step: int, ts: float, tokens: float) -> dict[str, float] | None:
+        """The values to add to this log's point (None: nothing yet)."""
+        values = {TOKENS: tokens}
+        self.add_to(values, step, ts)
+        del values[TOKENS]
+        return values or None
+
+    def add_to(self, values: dict[str, float], step: int, ts: float) -> None:
+        """`observe` for `air.log`'s hot path: the derived values go straight into the
+        point's `values` (which hold `tokens`), never over the script's own."""
+        prev = self._prev
+        self._prev = (step, ts)
+        if prev is None:
+            if self._count:
+                self._start_counting()
+            return
+        steps = step - prev[0]
+        seconds = ts - prev[1]
+        if steps <= 0 or seconds <= 0:
+            return  # a repeated or rewound step (a restart): start a new interval
+        if self._counter is not None:
+            counted = self._stop_counting()
+            if counted:
+                self.flops_per_step = counted / steps
+                self._mfu_per_step = self.flops_per_step / self.peak_flops  # type: ignore[operator]
+                values.setdefault(FLOPS_PER_STEP, self.flops_per_step)
+            return  # the counted interval ran slower: no rate from it
+        steps_per_s = steps / seconds
+        tokens = values[TOKENS]
+        if TOKENS_PER_S not in values:
+            values[TOKENS_PER_S] = tokens * steps_per_s * self.data_parallel
+        if MFU not in values:
+            if self._mfu_per_token:
+                values[MFU] = tokens * steps_per_s * self._mfu_per_token
+            elif self._mfu_per_step:
+                values[MFU] = steps_per_s * self._mfu_per_step
+
+    def _start_counting(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            self._count = False
+            return
+        try:
+            counter = local_flop_counter()
+            counter.__enter__()
+        except Exception:  # MFU is a nicety: never let it break training
+            self._count = False
+            return
+        self._counter = counter
+
+    def _stop_counting(self) -> float:
+        counter, self._counter = self._counter, None
+        self._count = False
+        try:
+            counter.__exit__(None, None, None)
+            return float(counter.get_total_flops())
+        except Exception:
+            return 0.0
+
+    def close(self) -> None:
+        """Leave the FLOP counter if it is still on (the run ended inside the window)."""
+        if self._counter is not None:
+            self._stop_counting()
+
+
+def local_flop_counter() -> Any:
+    """torch's `FlopCounterMode`, counting this rank's own FLOPs: under tensor parallel
+    it sees matmuls on DTensors, whose global shapes would count the whole tensor-
+    parallel group's work on every rank, so it counts their local shards instead.
+
+    Example:
+        >>> import torch
+        >>> with local_flop_counter() as counter:
+        ...     _ = torch.ones(4, 8) @ torch.ones(8, 2)
+        >>> counter.get_total_flops()
+        128
+    """
+    from torch.utils._pytree import tree_map
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed
+        return FlopCounterMode(display=False)
+    if not hasattr(FlopCounterMode, "_count_flops"):  # a torch whose internals moved
+        return FlopCounterMode(display=False)
+
+    def local(value: Any) -> Any:
+        return value._local_tensor if isinstance(value, DTensor) else value
+
+    class LocalFlopCounter(FlopCounterMode):
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            if func_packet in self.flop_registry:
+                shards = tree_map(local, (out, args, kwargs))
+                super()._count_flops(func_packet, *shards)
+                return out  # the op's result, as it was
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+    return LocalFlopCounter(display=False)
+
+
+def _float_env(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        print(f"[air] ignoring {name}={raw!r}: not a number", file=sys.stderr, flush=True)
+        return None
+    return value if value > 0 else None
+
+
+def _non_data_parallel(env: Mapping[str, str]) -> int:
+    raw = env.get("AIR_PARALLELISM")
+    if not raw:
+        return 1
+    try:
+        sizes = json.loads(raw)
+        return int(sizes.get("tp", 1)) * int(sizes.get("pp", 1)) * int(sizes.get("cp", 1))
+    except (ValueError, TypeError, AttributeError):
+        return 1
+
+
+def device_peak_flops(dtype: str = "bf16") -> float | None:
+    """This process's GPU peak FLOP/s for `dtype` from the device table (None on CPU, or
+    for a GPU the table does not know). Never imports torch itself.
+
+    Example:
+        >>> device_peak_flops() is None or device_peak_flops() > 0
+        True
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name(torch.cuda.current_device())
+    except Exception:
+        return None
+    from air_sdk.planner.devices import peak_flops
+
+    return peak_flops(name, dtype)
+
+
+def meter_from_env(env: Mapping[str, str] | None = None) -> ThroughputMeter:
+    """The meter for this rank as the launcher and the job describe it.
+
+    Example:
+        >>> meter_from_env({"WORLD_SIZE": "4", "AIR_PARALLELISM": '{"tp": 2}'}).data_parallel
+        2
+    """
+    env = os.environ if env is None else env
+    world = int(env.get("WORLD_SIZE") or 1)
+    non_dp = _non_data_parallel(env)
+    if world % non_dp:
+        non_dp = 1
+    peak = _float_env(env, PEAK_FLOPS_ENV)
+    if peak is None:
+        peak = device_peak_flops(env.get(MFU_DTYPE_ENV) or "bf16")
+    return ThroughputMeter(
+        world_size=world,
+        non_data_parallel=non_dp,
+        peak_flops=peak,
+        flops_per_token=_float_env(env, FLOPS_PER_TOKEN_ENV),
+        count_flops=env.get(COUNT_FLOPS_ENV, "1") != "0",
+    )
