@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 from air_sdk.errors import CheckpointError
 from air_sdk.runtime import _failure_save
 from air_sdk.runtime._context import context
+from air_sdk.runtime._external_checkpoint import record as record
 from air_sdk.runtime._fork_snapshot import (
     ForkedWrite,
     choose_mode,

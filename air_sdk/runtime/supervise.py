@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -227,13 +227,21 @@ def _write_exit_file(rank_exit: RankExit) -> None:
         print(f"air: could not write {final}: {exc}", file=sys.stderr, flush=True)
 
 
-def _command(argv: Sequence[str]) -> list[str] | None:
+def _command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str] | None:
     args = list(argv)
     if args[:1] == ["--"]:
         args = args[1:]
     if not args or args[0] in ("-h", "--help") or args == ["-m"]:
         return None
+    if _autolog_on(os.environ if env is None else env):
+        # the user's program runs as `python SCRIPT` would, after autolog's import hook
+        return [sys.executable, "-u", str(Path(__file__).with_name("_rank_main.py")), *args]
     return [sys.executable, "-u", *args]
+
+
+def _autolog_on(env: Mapping[str, str]) -> bool:
+    # air_sdk.runtime._autolog.enabled_by_env, without importing it before every rank
+    return env.get("AIR_AUTOLOG", "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

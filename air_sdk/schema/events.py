@@ -165,6 +165,11 @@ class CheckpointCommit(BaseModel):
         default=False,
         description="Written by a surviving rank when a peer failed (AIR_CHECKPOINT_ON_FAILURE).",
     )
+    source: str | None = Field(
+        default=None,
+        description="What wrote it when not air.checkpoint (air.checkpoint.record): "
+        "'lightning', 'transformers', 'accelerate', ...",
+    )
 
 
 class CheckpointSkip(BaseModel):
@@ -197,6 +202,9 @@ class CheckpointRestore(BaseModel):
     path: str
     restored: Literal[True] = True
     attempt: int = 0
+    source: str | None = Field(
+        default=None, description="What wrote it when not air.checkpoint (see CheckpointCommit)."
+    )
 
 
 class WorkerReport(BaseModel):
