@@ -139,7 +139,7 @@ def import_hook() -> ImportHook:
     """
     for finder in sys.meta_path:
         if getattr(finder, MARKER, False):
-            return finder  # type: ignore[no-any-return]
+            return finder  # type: ignore[return-value]
     hook = ImportHook()
     sys.meta_path.insert(0, hook)
     return hook
@@ -178,9 +178,9 @@ def _run_script(path: str) -> None:
         sys.exit(2)
     code = compile(source, path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    loader_class = type(globals().get("__loader__"))
+    loader_class: Any = type(globals().get("__loader__"))
     if hasattr(loader_class, "get_source"):
-        main.__loader__ = loader_class("__main__", path)  # type: ignore[call-arg]
+        main.__loader__ = loader_class("__main__", path)
     main.__file__ = path
     main.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = main
@@ -189,8 +189,10 @@ def _run_script(path: str) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as exc:
+        # python prints from the exception's own traceback: drop this frame there
         traceback = exc.__traceback__
-        sys.excepthook(type(exc), exc, traceback.tb_next if traceback else None)
+        exc.__traceback__ = traceback.tb_next if traceback else None
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
 
 

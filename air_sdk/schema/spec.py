@@ -23,6 +23,8 @@ RESERVED_ENV = frozenset(
         "CUDA_VISIBLE_DEVICES",
     }
 )
+#: AIR_* names a job may set: switches of the worker runtime
+USER_AIR_ENV = frozenset({"AIR_AUTOLOG"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -300,7 +302,7 @@ class JobSpec(_Frozen):
         for k, val in v.items():
             if not _ENV_NAME.match(k):
                 raise ValueError(f"env name {k!r} is not a valid variable name")
-            if k in RESERVED_ENV or k.startswith("AIR_"):
+            if k in RESERVED_ENV or (k.startswith("AIR_") and k not in USER_AIR_ENV):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
                 raise ValueError(f"env {k} is over {MAX_ARG_CHARS} characters or holds a NUL")

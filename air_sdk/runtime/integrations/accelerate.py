@@ -53,7 +53,7 @@ class _Progress:
     logged_step: int | None = None
 
 
-class AirTracker(GeneralTracker):  # type: ignore[misc]
+class AirTracker(GeneralTracker):
     """An accelerate tracker whose `log` calls become AIR's `air.log` series.
 
     Example:

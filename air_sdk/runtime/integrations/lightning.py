@@ -40,7 +40,12 @@ from air_sdk.runtime.integrations._common import (
     step_done,
 )
 
-__all__ = ["AirCallback", "AirLogger", "attach", "classes"]
+__all__ = [
+    "AirCallback",  # noqa: F822 (made by the module's __getattr__)
+    "AirLogger",  # noqa: F822
+    "attach",
+    "classes",
+]
 
 _WRAPPED = "__air_autolog__"
 _classes: dict[str, tuple[type, type]] = {}

@@ -16,7 +16,11 @@ from typing import Any
 
 from air_sdk.runtime.integrations import lightning
 
-__all__ = ["AirCallback", "AirLogger", "attach"]
+__all__ = [
+    "AirCallback",  # noqa: F822 (made by the module's __getattr__)
+    "AirLogger",  # noqa: F822
+    "attach",
+]
 
 PACKAGE = "pytorch_lightning"
 

@@ -39,7 +39,7 @@ __all__ = ["AirCallback", "attach"]
 _CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
 
 
-class AirCallback(TrainerCallback):  # type: ignore[misc]
+class AirCallback(TrainerCallback):
     """Reports a transformers Trainer's logs, progress, checkpoints and resume to AIR.
 
     Example:

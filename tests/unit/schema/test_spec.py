@@ -180,3 +180,9 @@ def test_the_default_layout_fits_any_world_size_and_round_trips() -> None:
     assert spec.parallelism.is_default
     assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
     assert spec.parallelism.resolve(3).dp_shard == 3
+
+
+def test_a_job_may_turn_autolog_off_but_set_no_other_air_variable():
+    assert JobSpec(entrypoint="t.py", env={"AIR_AUTOLOG": "0"}).env == {"AIR_AUTOLOG": "0"}
+    with pytest.raises(ValidationError, match="set by AIR"):
+        JobSpec(entrypoint="t.py", env={"AIR_AUTOLOGX": "0"})

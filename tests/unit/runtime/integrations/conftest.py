@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from unit.runtime.test_runtime_shipper import FakeGateway
@@ -38,7 +37,9 @@ class Posted:
         return [c for r in self.reports() for c in r.checkpoints if isinstance(c, CheckpointCommit)]
 
     def restores(self) -> list[CheckpointRestore]:
-        return [c for r in self.reports() for c in r.checkpoints if isinstance(c, CheckpointRestore)]
+        return [
+            c for r in self.reports() for c in r.checkpoints if isinstance(c, CheckpointRestore)
+        ]
 
     def heartbeat_steps(self) -> list[int]:
         return [r.heartbeat_step for r in self.reports() if r.heartbeat_step is not None]

@@ -69,7 +69,9 @@ def test_what_lightning_logs_becomes_air_series_at_lightnings_steps(posted, tmp_
 
 
 def test_checkpoint_saves_become_air_checkpoints_with_path_step_and_size(posted, tmp_path):
-    save = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=3, save_top_k=-1)
+    save = pl.callbacks.ModelCheckpoint(
+        dirpath=str(tmp_path / "ckpt"), every_n_train_steps=3, save_top_k=-1
+    )
     trainer(tmp_path, callbacks=[save], logger=False).fit(Regression(), loader())
     commits = posted.commits()
     assert [c.step for c in commits] == [3, 6]
