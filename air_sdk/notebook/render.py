@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from air_sdk.schema.snapshot import JobSnapshot
+from air_sdk.schema.snapshot import JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
 
 __all__ = [
@@ -239,13 +239,13 @@ def mfu(
 
 
 def metric_names(snapshot: JobSnapshot) -> list[str]:
-    """Charted metric names: "loss" first, then the rest by name.
+    """Charted metric names: losses first ("loss", then "train_loss"-like), then the rest.
 
     Example:
         >>> metric_names(JobSnapshot(job_id="j", series={"lr": [], "loss": []}))
         ['loss', 'lr']
     """
-    return sorted(snapshot.series, key=lambda name: (name != "loss", name))
+    return sorted(snapshot.series, key=metric_order)
 
 
 def default_metric(snapshot: JobSnapshot) -> str | None:
@@ -326,7 +326,7 @@ def metrics_html(
     perf = _perf_pieces(snapshot, flops_per_step, peak_flops)
     if perf:
         parts.append("<b>" + " &middot; ".join(_esc(p) for p in perf) + "</b>")
-    names = sorted(snapshot.latest, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+    names = sorted(snapshot.latest, key=metric_order)[:MAX_SHOWN_METRICS]
     if names:
         parts.append(
             " &middot; ".join(
@@ -561,7 +561,7 @@ def render_text(
     if snapshot.state_reason and snapshot.state is not JobState.RUNNING:
         lines[0] += f"  {snapshot.state_reason}"
     lines.append(progress_text(snapshot, total_steps=total_steps).replace(" · ", "  "))
-    names = sorted(snapshot.latest, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+    names = sorted(snapshot.latest, key=metric_order)[:MAX_SHOWN_METRICS]
     if names:
         lines.append("  ".join(f"{n} {format_number(snapshot.latest[n])}" for n in names))
     perf = _perf_pieces(snapshot, flops_per_step, peak_flops)
