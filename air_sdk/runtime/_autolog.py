@@ -15,7 +15,7 @@ air.autolog(disable=True)      # Trainers made from now on are left alone
 As `mlflow.autolog()` does, it patches the library's entry class once the module
 defining it is imported: `Trainer.__init__` of Lightning (both `lightning.pytorch`
 and `pytorch_lightning`) and of transformers, and `Accelerator.__init__`,
-`init_trackers`, `save_state`, `load_state` and `AcceleratedOptimizer.step` of
+`save_state`, `load_state`, `gather_for_metrics` and `AcceleratedOptimizer.step` of
 accelerate. Each patched call runs the library's own code first and then attaches
 the integration in `air_sdk.runtime.integrations` (imported then, never before); an
 integration that fails says so once on stderr and training goes on.
@@ -189,7 +189,20 @@ def _patch_accelerator(module: types.ModuleType) -> None:
 
         return load_state
 
+    def make_gather(original: Any) -> Callable[..., Any]:
+        # evaluation loops gather every batch and step no optimizer: still progress
+        def gather_for_metrics(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            if not _disabled:
+                from air_sdk.runtime.integrations._common import step_done
+
+                step_done(None)
+            return result
+
+        return gather_for_metrics
+
     _wrap(accelerator_class, "__init__", make_init)
+    _wrap(accelerator_class, "gather_for_metrics", make_gather)
     _wrap(accelerator_class, "save_state", make_save)
     _wrap(accelerator_class, "load_state", make_load)
 

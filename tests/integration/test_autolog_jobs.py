@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from airtest import no_processes_left, rank_pid, wait_for

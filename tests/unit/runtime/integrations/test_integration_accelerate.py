@@ -84,3 +84,12 @@ def test_every_weight_update_is_a_heartbeat_on_every_rank(posted, tmp_path, monk
             optim.zero_grad()
     assert posted.points() == []
     assert posted.heartbeat_steps()[-1] == 3
+
+
+def test_an_evaluation_loop_keeps_the_heartbeat(posted, monkeypatch):
+    marks: list[int | None] = []
+    monkeypatch.setattr(_common, "step_done", marks.append)
+    accelerator = accelerate.Accelerator(cpu=True)
+    for _ in range(3):
+        accelerator.gather_for_metrics(torch.ones(2))
+    assert marks == [None, None, None]
