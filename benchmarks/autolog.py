@@ -26,8 +26,8 @@ Two measures per run, after 20 warm-up steps:
 
 Variants run interleaved, round by round; medians of the per-run medians are
 compared, and AIR's in-hook cost is also given as a share of a 10 ms step. The
-driver also times a rank's start-up: `python SCRIPT` against the same script under
-autolog's `_rank_main.py`, for an empty script and one that imports torch.
+driver also measures a rank's start-up (CPU time): `python SCRIPT` against the same
+script under autolog's `_rank_main.py`, for an empty script and one that imports torch.
 
     .venv/bin/python benchmarks/autolog.py --rounds 5 --steps 200
 """
@@ -262,12 +262,17 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def startup(rounds: int) -> dict[str, dict[str, list[float]]]:
-    """Seconds from exec to exit of `python -u SCRIPT` and of the same script under
-    autolog's rank start (`_rank_main.py`), for an empty script and one that imports
-    torch; interleaved."""
+    """CPU seconds (user + system, of the child: far steadier than wall time on a busy
+    machine) of `python -u SCRIPT` and of the same script under autolog's rank start
+    (`_rank_main.py`), for an empty script and one that imports torch; interleaved."""
+    import resource
     import subprocess
 
     from air_sdk.runtime import _rank_main
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
     scripts = {"empty": "pass\n", "import torch": "import torch\n"}
     found: dict[str, dict[str, list[float]]] = {k: {"plain": [], "autolog": []} for k in scripts}
@@ -281,9 +286,9 @@ def startup(rounds: int) -> dict[str, dict[str, list[float]]]:
                     "autolog": [sys.executable, "-u", _rank_main.__file__, str(script)],
                 }
                 for way in ways if r % 2 == 0 else list(ways)[::-1]:
-                    started = time.perf_counter()
+                    before = cpu()
                     subprocess.run(ways[way], check=True)
-                    found[name][way].append(time.perf_counter() - started)
+                    found[name][way].append(cpu() - before)
     return found
 
 
@@ -323,7 +328,7 @@ def main() -> None:
 
     from air_sdk.schema import JobState
 
-    starts = startup(max(a.rounds * 2, 10))
+    starts = startup(max(a.rounds * 4, 20))
     start_rows = [
         [
             name,
@@ -358,7 +363,7 @@ def main() -> None:
     print(header("autolog: cost per logged step"))
     print(f"\n{a.rounds} rounds x {a.steps} steps, per-step medians; goal < {GOAL_PCT} %\n")
     print(markdown_table(headers, summarize(found)))
-    print("\nrank start-up (exec to exit, medians):\n")
+    print("\nrank start-up (CPU time of the process, medians):\n")
     print(markdown_table(["script", "python (ms)", "under autolog (ms)", "cost (ms)"], start_rows))
     path = write_result(
         "autolog",
