@@ -43,7 +43,6 @@ WATCHED = (
     "accelerate.optimizer",
 )
 _MARK = "__air_autolog__"
-_OFF = frozenset({"0", "false", "no", "off"})
 
 #: (owner, attribute, original) of every patch in place, for `autolog(disable=True)`
 _patches: list[tuple[type, str, Any]] = []
@@ -57,8 +56,9 @@ def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
         >>> enabled_by_env({}), enabled_by_env({"AIR_AUTOLOG": "0"})
         (True, False)
     """
-    value = (os.environ if env is None else env).get(ENV, "").strip().lower()
-    return value not in _OFF
+    from air_sdk.runtime._rank_main import enabled
+
+    return enabled(os.environ if env is None else env)
 
 
 def autolog(*, disable: bool = False) -> None:

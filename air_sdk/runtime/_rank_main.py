@@ -29,10 +29,10 @@ import types
 
 TYPE_CHECKING = False  # typing is not loaded yet when this runs, and need not be
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-__all__ = ["ImportHook", "import_hook", "main"]
+__all__ = ["ENV", "ImportHook", "enabled", "import_hook", "install", "main", "python_argv"]
 
 #: the attribute that marks AIR's hook on sys.meta_path (found by duck typing: this file
 #: runs as `__main__` and may be imported again as a module, with a second class object)
@@ -145,7 +145,38 @@ def import_hook() -> ImportHook:
     return hook
 
 
-def _autolog_when_imported(hook: ImportHook) -> None:
+#: `0` (or false/no/off) in a rank's environment: start the rank without autolog
+ENV = "AIR_AUTOLOG"
+_OFF = ("0", "false", "no", "off")
+
+
+def enabled(env: Mapping[str, str]) -> bool:
+    """Whether a rank with this environment starts under autolog (default: yes).
+
+    Example:
+        >>> enabled({}), enabled({"AIR_AUTOLOG": "0"})
+        (True, False)
+    """
+    return env.get(ENV, "").strip().lower() not in _OFF
+
+
+def python_argv(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The command line that runs `argv` (SCRIPT ARGS or -m MODULE ARGS) as a rank:
+    `python -u` under this file when autolog is on, plain `python -u` when it is off.
+
+    Example:
+        >>> python_argv(["train.py"], {"AIR_AUTOLOG": "0"})[1:]
+        ['-u', 'train.py']
+    """
+    if enabled(env):
+        return [sys.executable, "-u", os.path.abspath(__file__), *argv]
+    return [sys.executable, "-u", *argv]
+
+
+def install() -> ImportHook:
+    """Put the import hook first on sys.meta_path, watching the modules autolog patches.
+    (What a launcher that runs the script in-process calls before running it.)"""
+
     # The names are autolog's WATCHED (kept equal by a test); not imported from there,
     # as that would load air_sdk before the user's program starts.
     def attach(module: types.ModuleType) -> None:
@@ -153,6 +184,7 @@ def _autolog_when_imported(hook: ImportHook) -> None:
 
         attach_to(module)
 
+    hook = import_hook()
     for name in (
         "lightning.pytorch.trainer.trainer",
         "pytorch_lightning.trainer.trainer",
@@ -160,7 +192,9 @@ def _autolog_when_imported(hook: ImportHook) -> None:
         "accelerate.accelerator",
         "accelerate.optimizer",
     ):
-        hook.watch(name, attach)
+        if not hook.watching(name):
+            hook.watch(name, attach)
+    return hook
 
 
 def _run_script(path: str) -> None:
@@ -176,6 +210,7 @@ def _run_script(path: str) -> None:
     except OSError as exc:  # what python itself says, with its exit status
         print(f"{sys.executable}: can't open file {path!r}: {exc}", file=sys.stderr)
         sys.exit(2)
+    path = os.path.abspath(path)  # python 3.9+: a script's __file__ is absolute
     code = compile(source, path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     loader_class: Any = type(globals().get("__loader__"))
@@ -208,7 +243,7 @@ def main(argv: Sequence[str]) -> None:
     if not args or args == ["-m"]:
         print("usage: _rank_main.py SCRIPT [ARGS...] | -m MODULE [ARGS...]", file=sys.stderr)
         sys.exit(2)
-    _autolog_when_imported(import_hook())
+    install()
     if args[0] == "-m":
         import runpy
 

@@ -30,6 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime._context import context
+from air_sdk.runtime._rank_main import python_argv
 
 if TYPE_CHECKING:
     from air_sdk.runtime._shipper import MetricsShipper
@@ -233,15 +234,8 @@ def _command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[
         args = args[1:]
     if not args or args[0] in ("-h", "--help") or args == ["-m"]:
         return None
-    if _autolog_on(os.environ if env is None else env):
-        # the user's program runs as `python SCRIPT` would, after autolog's import hook
-        return [sys.executable, "-u", str(Path(__file__).with_name("_rank_main.py")), *args]
-    return [sys.executable, "-u", *args]
-
-
-def _autolog_on(env: Mapping[str, str]) -> bool:
-    # air_sdk.runtime._autolog.enabled_by_env, without importing it before every rank
-    return env.get("AIR_AUTOLOG", "").strip().lower() not in ("0", "false", "no", "off")
+    # under autolog the program runs as `python SCRIPT` would, after its import hook
+    return python_argv(args, os.environ if env is None else env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
