@@ -80,3 +80,15 @@ def test_an_explicit_callback_is_not_added_twice(posted, tmp_path):
         callbacks=[AirCallback()],
     )
     assert sum(isinstance(cb, AirCallback) for cb in trainer.callback_handler.callbacks) == 1
+
+
+def test_each_step_is_a_heartbeat_on_ranks_that_log_no_metrics(posted, tmp_path, monkeypatch):
+    from air_sdk.runtime.integrations import _common
+
+    monkeypatch.setattr(_common, "_rank", 1)
+    trainer = make_trainer(tmp_path)
+    monkeypatch.setattr(trainer, "is_world_process_zero", lambda: False)  # as on rank 1
+    trainer.train()
+    assert posted.points() == []
+    steps = posted.heartbeat_steps()
+    assert steps and steps == sorted(steps) and steps[-1] == 6
