@@ -79,7 +79,7 @@ def list_checkpoints(
                 f"{c.size_bytes / 2**20:.1f} MiB",
                 f"{c.blocked_s:.2f} s",
                 f"{c.durable_s:.2f} s",
-                c.path,
+                f"{c.path} ({c.source})" if c.source else c.path,
             )
         console.print(table)
     for s in found.skipped:

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from air_sdk.schema.api import JobRecord, MetricRow
-from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot
+from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
 from air_sdk.schema.state import JobState
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def _fmt(value: float) -> str:
 
 def _ordered_metrics(latest: dict[str, float]) -> list[tuple[str, float]]:
     # Loss first (what people watch), then the rest by name.
-    return sorted(latest.items(), key=lambda item: (item[0] != "loss", item[0]))
+    return sorted(latest.items(), key=lambda item: metric_order(item[0]))
 
 
 def jobs_table(records: Sequence[JobRecord], *, now: float | None = None) -> Table:
@@ -231,7 +231,7 @@ def progress_line(snapshot: JobSnapshot, *, elapsed_s: float | None = None) -> T
 def metrics_table(rows: Iterable[MetricRow]) -> Table:
     """`air metrics`: one row per logged point, one column per metric name."""
     rows = list(rows)
-    names = sorted({name for row in rows for name in row.values}, key=lambda n: (n != "loss", n))
+    names = sorted({name for row in rows for name in row.values}, key=metric_order)
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("STEP", "RANK", "ATTEMPT", *names):
         table.add_column(column, justify="right", no_wrap=True)
@@ -251,7 +251,8 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Table:
     restarts = f" ({record.num_restarts} restarts)" if record.num_restarts else ""
     table.add_row("attempts", f"{record.attempt}{restarts}")
     table.add_row("steps", "-" if snapshot.step is None else str(snapshot.step))
-    loss = snapshot.latest.get("loss")
+    name = loss_name(snapshot.latest)
+    loss = None if name is None else snapshot.latest[name]
     table.add_row("final loss", "-" if loss is None else _fmt(loss))
     rate = snapshot.steps_per_second
     table.add_row("steps/second", "-" if rate is None else f"{rate:.1f}")

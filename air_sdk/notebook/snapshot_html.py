@@ -21,7 +21,7 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 
-from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot
+from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
 
 __all__ = [
@@ -231,13 +231,13 @@ def mfu(snapshot: JobSnapshot) -> float | None:
 
 
 def metric_names(snapshot: JobSnapshot) -> list[str]:
-    """Charted metric names: "loss" first, then the rest by name.
+    """Charted metric names: losses first ("loss", then "train_loss"-like), then the rest.
 
     Example:
         >>> metric_names(JobSnapshot(job_id="j", series={"lr": [], "loss": []}))
         ['loss', 'lr']
     """
-    return sorted(snapshot.series, key=lambda name: (name != "loss", name))
+    return sorted(snapshot.series, key=metric_order)
 
 
 def default_metric(snapshot: JobSnapshot) -> str | None:
@@ -308,7 +308,7 @@ def _perf_pieces(snapshot: JobSnapshot) -> list[str]:
 def _shown_metrics(snapshot: JobSnapshot) -> list[str]:
     # Throughput and MFU are shown as such, not again among the logged values.
     names = [n for n in snapshot.latest if n not in DERIVED_METRICS]
-    return sorted(names, key=lambda n: (n != "loss", n))[:MAX_SHOWN_METRICS]
+    return sorted(names, key=metric_order)[:MAX_SHOWN_METRICS]
 
 
 def metrics_html(snapshot: JobSnapshot) -> str:

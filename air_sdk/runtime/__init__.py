@@ -16,6 +16,8 @@ air.shutdown()                        # commit a save in flight, flush, destroy 
 Checkpoints: `air.checkpoint.save(state, step=...)`, `step = air.checkpoint.load(state)`
 (see `air_sdk.runtime.checkpoint`); exact data resume: `air.resumable_loader(...)`.
 Graceful preemption: `if air.should_stop(): air.checkpoint.save(...); air.exit_stopped()`.
+Lightning, transformers and accelerate report to AIR with no code change in an AIR
+job; `air.autolog()` does the same elsewhere (docs/integrations.md).
 
 Without the `AIR_*` env (a script run by hand or by bare torchrun) nothing is
 posted: `log()` only keeps the latest values. Importing this package does not
@@ -31,6 +33,7 @@ from air_sdk.runtime._context import Context, context
 __all__ = [
     "Context",
     "StatefulDistributedSampler",
+    "autolog",
     "checkpoint",
     "context",
     "exit_stopped",
@@ -59,6 +62,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(_api, name)
         globals()[name] = value
         return value
+    if name == "autolog":
+        from air_sdk.runtime._autolog import autolog
+
+        globals()[name] = autolog
+        return autolog
     if name == "checkpoint":  # a submodule: importing it binds it here too
         import importlib
 

@@ -24,13 +24,14 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime._context import context
 from air_sdk.runtime._flight_recorder import trace_env
+from air_sdk.runtime._rank_main import python_argv
 
 if TYPE_CHECKING:
     from air_sdk.runtime._shipper import MetricsShipper
@@ -240,13 +241,14 @@ def _write_exit_file(rank_exit: RankExit) -> None:
         print(f"air: could not write {final}: {exc}", file=sys.stderr, flush=True)
 
 
-def _command(argv: Sequence[str]) -> list[str] | None:
+def _command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str] | None:
     args = list(argv)
     if args[:1] == ["--"]:
         args = args[1:]
     if not args or args[0] in ("-h", "--help") or args == ["-m"]:
         return None
-    return [sys.executable, "-u", *args]
+    # under autolog the program runs as `python SCRIPT` would, after its import hook
+    return python_argv(args, os.environ if env is None else env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -282,6 +282,11 @@ class CheckpointCommit(_Payload):
         default=False,
         description="Written by a surviving rank when a peer failed (AIR_CHECKPOINT_ON_FAILURE).",
     )
+    source: str | None = Field(
+        default=None,
+        description="What wrote it when not air.checkpoint (air.checkpoint.record): "
+        "'lightning', 'transformers', 'accelerate', ...",
+    )
 
 
 class CheckpointSkip(_Payload):
@@ -310,6 +315,9 @@ class CheckpointRestore(_Payload):
     path: str
     restored: Literal[True] = True
     attempt: int = 0
+    source: str | None = Field(
+        default=None, description="What wrote it when not air.checkpoint (see CheckpointCommit)."
+    )
 
 
 #: what a `checkpoint` event holds

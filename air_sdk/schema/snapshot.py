@@ -7,6 +7,7 @@ new event; a reconnecting reader continues from `snapshot.last_seq`.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -192,6 +193,33 @@ class JobSnapshot(BaseModel):
                 if rank == 0:
                     _append_point(self.series.setdefault(name, []), p.step, value)
         self.dropped_points += batch.dropped_points
+
+
+def metric_order(name: str) -> tuple[int, str]:
+    """How metric names are shown to people: "loss" first, then other training losses
+    (Lightning's "train_loss", "train/loss"), then evaluation losses, then the rest.
+
+    Example:
+        >>> sorted(["epoch", "val_loss", "train_loss", "lr"], key=metric_order)
+        ['train_loss', 'val_loss', 'epoch', 'lr']
+    """
+    if name == "loss":
+        return 0, name
+    if "loss" in name.lower():
+        held_out = name.lower().startswith(("val", "eval", "test"))
+        return (2 if held_out else 1), name
+    return 3, name
+
+
+def loss_name(names: Iterable[str]) -> str | None:
+    """The loss a summary shows: the first of `names` by metric_order with "loss" in it.
+
+    Example:
+        >>> loss_name(["epoch", "train_loss"]), loss_name(["acc"])
+        ('train_loss', None)
+    """
+    first = min(names, key=metric_order, default=None)
+    return first if first is not None and "loss" in first.lower() else None
 
 
 def _append_point(points: list[tuple[int, float]], step: int, value: float) -> None:

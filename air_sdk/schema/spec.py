@@ -23,10 +23,11 @@ RESERVED_ENV = frozenset(
         "CUDA_VISIBLE_DEVICES",
     }
 )
-#: AIR_* variables a job may set itself: knobs of the worker runtime, not its contract
-#: (`AIR_PEAK_FLOPS` for a GPU the device table lacks, see air_sdk.runtime._throughput)
+#: AIR_* variables a job may set itself: switches and knobs of the worker runtime, not
+#: its contract (`AIR_AUTOLOG=0` turns autolog off; `AIR_PEAK_FLOPS` for a GPU the
+#: device table lacks, see air_sdk.runtime._throughput)
 USER_AIR_ENV = frozenset(
-    {"AIR_PEAK_FLOPS", "AIR_MFU_DTYPE", "AIR_COUNT_FLOPS", "AIR_SAMPLE_INTERVAL_S"}
+    {"AIR_AUTOLOG", "AIR_PEAK_FLOPS", "AIR_MFU_DTYPE", "AIR_COUNT_FLOPS", "AIR_SAMPLE_INTERVAL_S"}
 )
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

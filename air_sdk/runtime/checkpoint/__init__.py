@@ -90,6 +90,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from air_sdk.errors import CheckpointError
+from air_sdk.runtime._external_checkpoint import record as record
 from air_sdk.runtime._poster import warn
 from air_sdk.runtime.checkpoint._checkpointer import Checkpointer, instances
 
@@ -100,6 +101,7 @@ __all__ = [
     "configure",
     "latest",
     "load",
+    "record",
     "save",
     "wait",
 ]

@@ -25,6 +25,7 @@ COMMIT = {
     "attempt": 1,
     "snapshot": "copy",
     "at_failure": False,
+    "source": None,
 }
 SKIP = {
     "step": 120,

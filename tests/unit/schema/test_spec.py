@@ -201,3 +201,19 @@ def test_a_job_may_set_the_runtimes_throughput_knobs_but_no_other_air_variable()
     assert spec.env["AIR_PEAK_FLOPS"] == "4e14"
     with pytest.raises(ValueError, match="AIR_FLOPS_PER_TOKEN is set by AIR"):
         JobSpec(entrypoint="t.py", env={"AIR_FLOPS_PER_TOKEN": "1"})
+
+
+def test_a_job_may_turn_autolog_off_but_set_no_other_air_variable():
+    assert JobSpec(entrypoint="t.py", env={"AIR_AUTOLOG": "0"}).env == {"AIR_AUTOLOG": "0"}
+    with pytest.raises(ValidationError, match="set by AIR"):
+        JobSpec(entrypoint="t.py", env={"AIR_AUTOLOGX": "0"})
+
+
+def test_a_librarys_loss_is_shown_first_and_is_the_summarys_loss():
+    from air_sdk.schema.snapshot import loss_name, metric_order
+
+    names = ["epoch", "val_loss", "train_loss", "lr", "grad_norm"]
+    assert sorted(names, key=metric_order) == ["train_loss", "val_loss", "epoch", "grad_norm", "lr"]
+    assert sorted(["train_loss", "loss"], key=metric_order) == ["loss", "train_loss"]
+    assert loss_name(["epoch", "train/loss"]) == "train/loss"
+    assert loss_name(["eval_loss", "epoch"]) == "eval_loss" and loss_name(["acc"]) is None
