@@ -18,7 +18,6 @@ tenant and the shared nodes.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
@@ -42,11 +41,9 @@ from air_sdk.schema import (
     TokenInfo,
     TokenList,
 )
+from air_sdk.schema.names import NODE, TOKEN_ID, is_valid, shown
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=ERROR_RESPONSES)
-
-_TOKEN_ID = re.compile(r"^[0-9a-f]{32}$")
-_NODE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 def _tenant_or_404(ctx: GatewayContext, principal: Principal, tenant: str) -> str:
@@ -54,7 +51,9 @@ def _tenant_or_404(ctx: GatewayContext, principal: Principal, tenant: str) -> st
     if (not principal.is_system_admin and tenant != principal.tenant) or (
         ctx.store.get_tenant(tenant) is None
     ):
-        raise HTTPException(404, f"no tenant {tenant!r}: list yours with `air admin tenant list`")
+        raise HTTPException(
+            404, f"no tenant {shown(tenant)}: list yours with `air admin tenant list`"
+        )
     return tenant
 
 
@@ -100,11 +99,13 @@ def create_token(body: TokenCreate, ctx: CtxDep, principal: AdminDep) -> TokenCr
 def revoke_token(token_id: str, ctx: CtxDep, principal: AdminDep) -> TokenInfo:
     """Revoke a token at once: its next request is a 401. Revoking twice is a no-op."""
     info = None
-    if _TOKEN_ID.match(token_id):
+    if is_valid(TOKEN_ID, token_id):
         scope = None if principal.is_system_admin else principal.tenant
         info = ctx.store.revoke_token(token_id, tenant=scope)
     if info is None:
-        raise HTTPException(404, f"no token {token_id!r}: list them with `air admin token list`")
+        raise HTTPException(
+            404, f"no token {shown(token_id)}: list them with `air admin token list`"
+        )
     return info
 
 
@@ -132,9 +133,9 @@ def list_nodes(ctx: CtxDep, _: SystemAdminDep) -> NodeHealthList:
 @router.post("/nodes/{name}/clear", response_model=NodeHealth)
 def clear_node(name: str, ctx: CtxDep, _: SystemAdminDep) -> NodeHealth:
     """Forget a node's failures, so the scheduler places jobs on it again at once."""
-    known = _node_health(ctx) if _NODE.match(name) else {}
+    known = _node_health(ctx) if is_valid(NODE, name) else {}
     if name not in known:
-        raise HTTPException(404, f"no node {name!r}: list them with `air admin node list`")
+        raise HTTPException(404, f"no node {shown(name)}: list them with `air admin node list`")
     ctx.store.clear_node_failures(name)
     ctx.runner.wake()
     return _node_health(ctx)[name]

@@ -33,7 +33,8 @@ __all__ = [
 #: Host header names every gateway answers to
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 MIB = 1 << 20
-REPORT_PATH = re.compile(r"^/v1/jobs/[^/]+/attempts/[^/]+/report$")
+#: checked with fullmatch (a `$` would also match before a trailing newline)
+REPORT_PATH = re.compile(r"/v1/jobs/[^/]+/attempts/[^/]+/report")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +94,7 @@ class RequestLimits:
             return self.max_submit_bytes, (
                 "put large inline code in a file and submit the file; pass data by path"
             )
-        if method == "POST" and REPORT_PATH.match(path):
+        if method == "POST" and REPORT_PATH.fullmatch(path):
             return self.max_report_bytes, "send smaller batches"
         return self.max_body_bytes, "send a smaller body"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -54,21 +53,19 @@ from air_sdk.schema import (
     WorkerReport,
 )
 from air_sdk.schema.events import CheckpointCommit, CheckpointRestore, CheckpointSkip
+from air_sdk.schema.names import IDEMPOTENCY_KEY, JOB_ID, SHA256, is_valid, shown
 from air_sdk.store import IdempotencyConflict
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 worker_router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
-MAX_IDEMPOTENCY_KEY = 200
 SSE_POLL_S = 0.1
 
 
 def _job_or_404(ctx: CtxDep, principal: Principal, job_id: str) -> JobRecord:
-    job = ctx.store.get_job(job_id, tenant=principal.tenant) if _JOB_ID.match(job_id) else None
+    job = ctx.store.get_job(job_id, tenant=principal.tenant) if is_valid(JOB_ID, job_id) else None
     if job is None:
-        raise HTTPException(404, f"no job {job_id!r}: list yours with `air jobs`")
+        raise HTTPException(404, f"no job {shown(job_id)}: list yours with `air jobs`")
     return job
 
 
@@ -109,7 +106,7 @@ def _with_queue_position(ctx: CtxDep, job: JobRecord) -> JobRecord:
 
 
 def _sha_or_400(sha256: str) -> str:
-    if not _SHA256.match(sha256):
+    if not is_valid(SHA256, sha256):
         raise HTTPException(400, "a bundle id is the sha256 of its bytes: 64 lowercase hex digits")
     return sha256
 
@@ -188,8 +185,10 @@ def submit(
     principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> JobRecord:
-    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-        raise HTTPException(400, f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters")
+    if idempotency_key is not None and not is_valid(IDEMPOTENCY_KEY, idempotency_key):
+        raise HTTPException(
+            400, "Idempotency-Key must be 1-200 printable ASCII characters (a uuid4 is fine)"
+        )
     if spec.entrypoint is not None and spec.bundle_sha256 is None:
         raise HTTPException(
             400, "an entrypoint job needs its code: upload a bundle and set bundle_sha256"
@@ -415,7 +414,7 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
     the attempt's worker token; posts of an older attempt are fenced off (409)."""
     ctx = get_ctx(request)
     token = bearer_token(request)
-    if token is None or not _JOB_ID.match(job_id):
+    if token is None or not is_valid(JOB_ID, job_id):
         raise HTTPException(401, "a worker report needs the attempt's AIR_JOB_TOKEN")
     body = await request.body()
     # One hop to a worker thread for the whole report: the profile of this route had

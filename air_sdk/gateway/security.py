@@ -186,7 +186,7 @@ class RateLimitMiddleware:
         key: object
         if not token:
             limiter, key, who = self.anonymous, str((scope.get("client") or ("?",))[0]), "client"
-        elif scope["method"] == "POST" and REPORT_PATH.match(scope["path"]):
+        elif scope["method"] == "POST" and REPORT_PATH.fullmatch(scope["path"]):
             limiter, key, who = self.workers, hashlib.sha256(token.encode()).digest(), "token"
         else:
             limiter, key, who = self.users, hashlib.sha256(token.encode()).digest(), "token"

@@ -7,6 +7,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from air_sdk.schema.names import (
+    ACCELERATOR,
+    ENV_NAME,
+    NAME,
+    SHA256,
+    control_chars,
+    is_valid,
+    json_pattern,
+    shown,
+)
+
 API_VERSION = "air/v1"
 
 #: Env names the runtime owns; a user may not set them.
@@ -23,9 +34,6 @@ RESERVED_ENV = frozenset(
         "CUDA_VISIBLE_DEVICES",
     }
 )
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 MAX_ENV_VARS = 256
 MAX_ARGS = 1024
@@ -163,6 +171,13 @@ class CheckpointSpec(_Frozen):
     every_steps: int | None = Field(None, ge=1, description="Hint for the training loop.")
     keep: int = Field(3, ge=1, le=1000, description="Committed checkpoints to keep.")
 
+    @field_validator("dir")
+    @classmethod
+    def _dir_ok(cls, v: str | None) -> str | None:
+        if v is not None and control_chars(v):
+            raise ValueError(f"checkpoint dir {shown(v)} holds control characters")
+        return v
+
 
 class FailurePolicySpec(_Frozen):
     """How the runner reacts to failures (the budget itself is `JobSpec.max_restarts`).
@@ -220,16 +235,26 @@ class JobSpec(_Frozen):
     """
 
     api_version: Literal["air/v1"] = "air/v1"
-    name: str = Field("job", description="A label for people; 1-63 of [A-Za-z0-9._-].")
+    name: str = Field(
+        "job",
+        description="A label for people; 1-63 of [A-Za-z0-9._-].",
+        json_schema_extra={"pattern": json_pattern(NAME)},
+    )
     entrypoint: str | None = Field(None, description="Script path, relative to the bundle root.")
     code: str | None = Field(None, description="Inline Python source run on every rank.")
     args: list[str] = Field(default_factory=list, description="argv after the script.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra env for every rank.")
     resources: Resources = Field(default_factory=Resources)
-    pool: str = Field("default", description="Pool to run in; 'any' lets the scheduler choose.")
+    pool: str = Field(
+        "default",
+        description="Pool to run in; 'any' lets the scheduler choose.",
+        json_schema_extra={"pattern": json_pattern(NAME)},
+    )
     accelerator: str | None = Field(
         None,
-        pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$",
+        # pydantic checks `pattern` with Rust's regex, where `$` is the end of the input
+        # only ("a100\n" is refused; a test holds it)
+        pattern=json_pattern(ACCELERATOR),
         description="Accelerator type to run on ('a100', 'h100', 'cpu'; 'gpu': any GPU);"
         " None: whatever the pool has.",
     )
@@ -252,10 +277,20 @@ class JobSpec(_Frozen):
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not is_valid(NAME, v):
             raise ValueError(
-                f"name {v!r} must be 1-63 characters of letters, digits, '.', '_' or '-',"
+                f"name {shown(v)} must be 1-63 characters of letters, digits, '.', '_' or '-',"
                 " starting with a letter or digit"
+            )
+        return v
+
+    @field_validator("pool")
+    @classmethod
+    def _pool_ok(cls, v: str) -> str:
+        if not is_valid(NAME, v):
+            raise ValueError(
+                f"pool {shown(v)} must be 1-63 characters of letters, digits, '.', '_' or"
+                " '-', or 'any' to let the scheduler choose"
             )
         return v
 
@@ -266,6 +301,8 @@ class JobSpec(_Frozen):
             return v
         if not v.strip():
             raise ValueError("entrypoint is empty: give a script path such as train.py")
+        if control_chars(v):
+            raise ValueError(f"entrypoint {shown(v)} holds control characters: give a script path")
         if v.startswith("/") or ".." in v.replace("\\", "/").split("/"):
             raise ValueError(
                 f"entrypoint {v!r} must be a path inside the bundle (relative, no '..')"
@@ -298,8 +335,11 @@ class JobSpec(_Frozen):
         if len(v) > MAX_ENV_VARS:
             raise ValueError(f"{len(v)} env vars; the limit is {MAX_ENV_VARS}")
         for k, val in v.items():
-            if not _ENV_NAME.match(k):
-                raise ValueError(f"env name {k!r} is not a valid variable name")
+            if not is_valid(ENV_NAME, k):
+                raise ValueError(
+                    f"env name {shown(k)} is not a valid variable name: letters, digits"
+                    " and '_', not starting with a digit"
+                )
             if k in RESERVED_ENV or k.startswith("AIR_"):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
@@ -309,7 +349,7 @@ class JobSpec(_Frozen):
     @field_validator("bundle_sha256")
     @classmethod
     def _sha_ok(cls, v: str | None) -> str | None:
-        if v is not None and not _SHA256.match(v):
+        if v is not None and not is_valid(SHA256, v):
             raise ValueError("bundle_sha256 must be 64 lowercase hex digits")
         return v
 

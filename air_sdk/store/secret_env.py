@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from pathlib import Path
 
-__all__ = ["SecretEnvStore"]
+from air_sdk.schema.names import JOB_ID, is_valid
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+__all__ = ["SecretEnvStore"]
 
 
 class SecretEnvStore:
@@ -40,7 +39,7 @@ class SecretEnvStore:
         self._cache: dict[str, dict[str, str]] = {}
 
     def _path(self, job_id: str) -> Path:
-        if self.root is None or not _SAFE_ID.match(job_id) or job_id.startswith("."):
+        if self.root is None or not is_valid(JOB_ID, job_id) or job_id.startswith("."):
             raise ValueError(f"job id {job_id!r} cannot name a secrets file")
         return self.root / f"{job_id}.json"
 
