@@ -18,7 +18,6 @@ from air_sdk.redact import (
 )
 from air_sdk.store.sqlite import new_token
 
-
 #: names every part of AIR must treat as secret: the union of the three lists AIR had
 #: before issue 15 (the store's, the notebook capture's and the renderer's)
 SECRET_NAMES = [

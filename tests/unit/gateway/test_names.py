@@ -82,7 +82,7 @@ def test_tenants_and_token_names_with_a_control_character_are_422(tenancy, char)
 @pytest.mark.parametrize("char", CONTROL, ids=repr)
 def test_an_idempotency_key_with_a_control_character_is_400(tenancy, char):
     owner = tenancy.client("owner")
-    key = f"key{char}1".encode("utf-8")  # bytes: the client would refuse to send some
+    key = f"key{char}1".encode()  # bytes: the client would refuse to send some
     r = owner.post("/v1/jobs", json={"code": "print(1)"}, headers={"Idempotency-Key": key})
     assert r.status_code == 400 and "Idempotency-Key" in r.json()["detail"]
     assert _jobs(tenancy) == []
