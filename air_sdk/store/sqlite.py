@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -126,6 +127,8 @@ class SqliteStore:
         self._write_lock = threading.RLock()
         self._local = threading.local()
         self._memory = self.path == ":memory:"
+        if not self._memory:
+            _private_files(Path(self.path))
         self._writer = self._connect()
         # Secret env values never enter the database (see air_sdk.store.secret_env).
         self._secrets = SecretEnvStore(None if self._memory else Path(self.path).parent / "secrets")
@@ -713,6 +716,24 @@ class SqliteStore:
         )
         n = rows[0][0] if rows else 0
         return n or None
+
+
+#: what SQLite keeps beside a database in WAL mode (and the rollback journal)
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _private_files(db: Path) -> None:
+    """Make the database 0600 before SQLite opens it, whatever the umask, and its side
+    files too. SQLite creates the -wal, -shm and -journal files later with the mode of
+    the database file itself (its unix VFS copies it), so they follow; chmod covers
+    files left by an older version of AIR that made them 0644."""
+    os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o600))
+    for path in (db, *(db.with_name(db.name + suffix) for suffix in _SIDE_FILES)):
+        try:
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+        except FileNotFoundError:
+            continue
 
 
 def _token_from_row(r: sqlite3.Row) -> TokenInfo:
