@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from air_sdk.schema import EventType, JobSpec
+from air_sdk.schema import JobSpec
 from air_sdk.store import SqliteStore
 
 
