@@ -43,6 +43,9 @@ from air_sdk.store.secret_env import SecretEnvStore
 DEFAULT_TENANT = "default"
 #: how long after an attempt ended its ranks may still post (last lines, exit records)
 ENDED_GRACE_S = 10.0
+#: an ended job's secret values stay in memory this much longer than the grace, so the
+#: last report accepted (checked a moment before it is scrubbed) still finds them
+_SECRETS_MARGIN_S = 5.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
@@ -414,7 +417,10 @@ class SqliteStore:
             self._append(c, job_id, EventType.STATE, data, attempt=row["attempt"] or None)
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if state.terminal:
-            self._secrets.delete(job_id)  # nothing launches an ended job again
+            # Nothing launches an ended job again: its secrets file goes now. Its ranks
+            # may still post for ENDED_GRACE_S (see check_worker_token), and what they
+            # post must be scrubbed, so the values stay in memory until then.
+            self._secrets.retire(job_id, keep_s=ENDED_GRACE_S + _SECRETS_MARGIN_S)
         return self._job(row)
 
     def request_cancel(self, job_id: str) -> JobRecord:
@@ -528,22 +534,46 @@ class SqliteStore:
     def check_worker_token(
         self, job_id: str, attempt: int, token: str, *, ended_grace_s: float = ENDED_GRACE_S
     ) -> str:
-        """'ok', 'stale' (fenced: a real token of an older attempt, or of one that ended
-        more than `ended_grace_s` ago) or 'invalid'. The grace lets the last lines and
-        the exit record of a rank that just ended arrive."""
+        """'ok', 'stale' (fenced: a real token of an older attempt, or of an attempt
+        or job that ended more than `ended_grace_s` ago) or 'invalid'.
+
+        The grace lets the last lines and the exit record of a rank that just ended
+        arrive: refusing every report once the job ends would lose the lines a failing
+        rank printed last (its traceback), the ones a user reads first. So an ended
+        job's secret values stay in memory for the grace (`SecretEnvStore.retire`),
+        and what arrives is scrubbed like any report. When they are gone before the
+        grace is (the gateway restarted in between), the report is refused: it could
+        not be scrubbed, and nothing unscrubbed is ever stored."""
         rows = self._read(
-            "SELECT a.attempt, a.ended_at, j.attempt AS current FROM attempts a JOIN jobs j"
-            " ON j.id = a.job_id WHERE a.job_id = ? AND a.token_hash = ?",
+            "SELECT a.attempt, a.ended_at, j.attempt AS current, j.ended_at AS job_ended"
+            " FROM attempts a JOIN jobs j ON j.id = a.job_id"
+            " WHERE a.job_id = ? AND a.token_hash = ?",
             (job_id, hash_token(token)),
         )
         if not rows or rows[0]["attempt"] != attempt:
             return "invalid"
         if rows[0]["current"] != attempt:
             return "stale"
-        ended = rows[0]["ended_at"]
-        if ended is not None and time.time() - ended > ended_grace_s:
+        job_ended = rows[0]["job_ended"]
+        # A job can end without its attempt being closed (a runner that lost it):
+        # the job's end starts the grace too.
+        ends = [t for t in (rows[0]["ended_at"], job_ended) if t is not None]
+        if ends and time.time() - min(ends) > ended_grace_s:
+            return "stale"
+        if job_ended is not None and not self._secrets_at_hand(job_id):
             return "stale"
         return "ok"
+
+    def _secrets_at_hand(self, job_id: str) -> bool:
+        """False when the job has secret env values that this store no longer holds."""
+        rows = self._read("SELECT spec FROM jobs WHERE id = ?", (job_id,))
+        if not rows or REDACTED not in rows[0]["spec"]:
+            return True
+        env = JobSpec.model_validate_json(rows[0]["spec"]).env
+        # A non-secret value that is literally "***" counts too: refusing a late
+        # report of such a job after a restart is the safe mistake.
+        had_secrets = any(value == REDACTED for value in env.values())
+        return not had_secrets or bool(self._secrets.to_scrub(job_id))
 
     # ---- events -------------------------------------------------------------------------
 
@@ -652,7 +682,7 @@ class SqliteStore:
 
     def job_redactor(self, job_id: str, extra: tuple[str, ...] = ()) -> Redactor:
         """Scrubs `job_id`'s secret env values, `extra` values and any AIR token from text."""
-        return Redactor([*secret_values(self._secrets.get(job_id)), *extra])
+        return Redactor([*secret_values(self._secrets.to_scrub(job_id)), *extra])
 
     def _scrub_failure(self, job_id: str, failure: FailureInfo) -> FailureInfo:
         # Log tails and stacks come from the job's own output: keep its secrets out.
