@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 
 from air_sdk.gateway.app import (
     ERROR_RESPONSES,
@@ -30,6 +31,7 @@ from air_sdk.gateway.app import (
     Principal,
     SystemAdminDep,
 )
+from air_sdk.gateway.bodies import json_body, parse_model
 from air_sdk.schema import (
     NodeHealth,
     NodeHealthList,
@@ -65,8 +67,17 @@ def list_tenants(ctx: CtxDep, principal: AdminDep) -> TenantList:
     return TenantList(tenants=tenants)
 
 
-@router.post("/tenants", response_model=TenantInfo, status_code=201)
-def create_tenant(body: TenantCreate, ctx: CtxDep, _: SystemAdminDep) -> TenantInfo:
+@router.post(
+    "/tenants", response_model=TenantInfo, status_code=201, openapi_extra=json_body(TenantCreate)
+)
+async def create_tenant(request: Request, ctx: CtxDep, _: SystemAdminDep) -> TenantInfo:
+    # The body is read once the token is checked, and parsed off the event loop.
+    raw, content_type = await request.body(), request.headers.get("content-type")
+    return await run_in_threadpool(_create_tenant, ctx, raw, content_type)
+
+
+def _create_tenant(ctx: GatewayContext, raw: bytes, content_type: str | None) -> TenantInfo:
+    body = parse_model(TenantCreate, raw, content_type)
     info = ctx.store.create_tenant(body.name)
     if info is None:
         raise HTTPException(409, f"tenant {body.name!r} exists already")
@@ -87,9 +98,19 @@ def list_tokens(
     return TokenList(tokens=ctx.store.list_tokens(scope, include_revoked=include_revoked))
 
 
-@router.post("/tokens", response_model=TokenCreated, status_code=201)
-def create_token(body: TokenCreate, ctx: CtxDep, principal: AdminDep) -> TokenCreated:
+@router.post(
+    "/tokens", response_model=TokenCreated, status_code=201, openapi_extra=json_body(TokenCreate)
+)
+async def create_token(request: Request, ctx: CtxDep, principal: AdminDep) -> TokenCreated:
     """Issue a token; the answer is the only place its plaintext ever appears."""
+    raw, content_type = await request.body(), request.headers.get("content-type")
+    return await run_in_threadpool(_create_token, ctx, principal, raw, content_type)
+
+
+def _create_token(
+    ctx: GatewayContext, principal: Principal, raw: bytes, content_type: str | None
+) -> TokenCreated:
+    body = parse_model(TokenCreate, raw, content_type)
     tenant = _tenant_or_404(ctx, principal, body.tenant or principal.tenant)
     info, token = ctx.store.issue_token(tenant, body.role, body.name)
     return TokenCreated(info=info, token=token)

@@ -32,6 +32,7 @@ __all__ = [
 
 #: Host header names every gateway answers to
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+KIB = 1 << 10
 MIB = 1 << 20
 #: checked with fullmatch (a `$` would also match before a trailing newline)
 REPORT_PATH = re.compile(r"/v1/jobs/[^/]+/attempts/[^/]+/report")
@@ -64,12 +65,15 @@ class RequestLimits:
     """Caps on what one request may bring. Bodies over a cap get 413, callers over a
     rate 429 with Retry-After. None turns a rate limit off."""
 
-    #: any JSON body not listed below (admin routes, cancel, ...)
-    max_body_bytes: int = 1 * MIB
-    #: POST /v1/jobs: a JobSpec with up to 1 MiB of inline code, JSON-escaped
-    max_submit_bytes: int = 8 * MIB
-    #: worker reports: up to 10k lines of up to 16k characters, escaped
-    max_report_bytes: int = 16 * MIB
+    #: any JSON body not listed below (admin routes, cancel, ...): a few hundred bytes
+    max_body_bytes: int = 64 * KIB
+    #: POST /v1/jobs: a JobSpec with up to 1 MiB of inline code, JSON-escaped. Parsing
+    #: holds the GIL for a time that grows with the size (many small keys: ~0.1 s/MiB
+    #: on a quiet core), so the cap is what one request can cost everyone else
+    max_submit_bytes: int = 2 * MIB
+    #: worker reports: the runtime cuts reports near 1 MiB of lines plus up to 10k
+    #: metric points (docs/benchmarks.md)
+    max_report_bytes: int = 4 * MIB
     #: PUT /v1/bundles/{sha256}; the route also unpacks to check file counts and sizes
     max_bundle_bytes: int = DEFAULT_MAX_BYTES
     #: per user token (viewer, member, admin)

@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import ValidationError
 
 import air_sdk
 from air_sdk.bundle import DEFAULT_MAX_BYTES, unpack_bundle
@@ -28,6 +29,7 @@ from air_sdk.gateway.app import (
     bearer_token,
     get_ctx,
 )
+from air_sdk.gateway.bodies import describe_validation_error, json_body, parse_model
 from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
 from air_sdk.runner.service import spec_request
@@ -177,18 +179,36 @@ def _check_bundle(path: str) -> int:
 # ---- jobs ---------------------------------------------------------------------------------
 
 
-@router.post("/jobs", response_model=JobRecord, status_code=201)
-def submit(
-    spec: JobSpec,
+@router.post("/jobs", response_model=JobRecord, status_code=201, openapi_extra=json_body(JobSpec))
+async def submit(
+    request: Request,
     response: Response,
     ctx: CtxDep,
     principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> JobRecord:
+    """Submit a JobSpec (the body). It is read once the token is checked and parsed in a
+    worker thread, so a huge or malformed body never holds the event loop."""
     if idempotency_key is not None and not is_valid(IDEMPOTENCY_KEY, idempotency_key):
         raise HTTPException(
             400, "Idempotency-Key must be 1-200 printable ASCII characters (a uuid4 is fine)"
         )
+    body = await request.body()
+    content_type = request.headers.get("content-type")
+    return await run_in_threadpool(
+        _submit, ctx, principal, body, content_type, idempotency_key, response
+    )
+
+
+def _submit(
+    ctx: GatewayContext,
+    principal: Principal,
+    body: bytes,
+    content_type: str | None,
+    idempotency_key: str | None,
+    response: Response,
+) -> JobRecord:
+    spec = parse_model(JobSpec, body, content_type)
     if spec.entrypoint is not None and spec.bundle_sha256 is None:
         raise HTTPException(
             400, "an entrypoint job needs its code: upload a bundle and set bundle_sha256"
@@ -431,8 +451,8 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
         raise HTTPException(409, f"attempt {attempt} is no longer current; stop posting")
     try:
         report = WorkerReport.model_validate_json(body)
-    except ValueError as exc:
-        raise HTTPException(422, f"not a WorkerReport: {exc}") from exc
+    except ValidationError as exc:
+        raise HTTPException(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
     if report.lines or report.exit is not None or report.checkpoints:
         report = _scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
     items: list[tuple[EventType, str]] = []

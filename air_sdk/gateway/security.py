@@ -34,6 +34,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from air_sdk.gateway.options import (
+    KIB,
     MIB,
     REPORT_PATH,
     RateLimit,
@@ -262,7 +263,11 @@ class BodySizeMiddleware:
 
 
 def _size(num_bytes: int) -> str:
-    return f"{num_bytes / MIB:g} MiB" if num_bytes >= MIB else f"{num_bytes} bytes"
+    if num_bytes >= MIB:
+        return f"{num_bytes / MIB:g} MiB"
+    if num_bytes >= KIB and num_bytes % KIB == 0:
+        return f"{num_bytes // KIB} KiB"
+    return f"{num_bytes} bytes"
 
 
 class TokenRedactionMiddleware:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from air_sdk.schema._guards import WireModel
 from air_sdk.schema.names import TENANT, control_chars, is_valid, json_pattern, shown
 
 #: every role a token can have, least powerful first
@@ -29,7 +30,7 @@ Role = Literal["viewer", "member", "admin"]
 MAX_TOKEN_NAME_CHARS = 200
 
 
-class _Wire(BaseModel):
+class _Wire(WireModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

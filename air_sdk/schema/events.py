@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from air_sdk.schema._guards import WireModel
 from air_sdk.schema.state import JobState
 
 MAX_POINTS_PER_REPORT = 10_000
@@ -88,7 +89,10 @@ class AttemptChange(BaseModel):
 
 class MetricPoint(BaseModel):
     """One `air.log(step=..., **values)` call. NaN and infinities survive (a diverging
-    loss is worth seeing), written as the JSON constants Python reads back."""
+    loss is worth seeing), written as the JSON constants Python reads back.
+
+    Not a `WireModel`: its check would be a Python call per point on the ingest path;
+    the gateway bounds what a bad report's errors cost instead (`gateway.errors`)."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
@@ -97,7 +101,7 @@ class MetricPoint(BaseModel):
     values: dict[str, float]
 
 
-class RankExit(BaseModel):
+class RankExit(WireModel):
     """How one rank's process ended, as seen by its supervisor."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -109,7 +113,7 @@ class RankExit(BaseModel):
     exit_code: int | None = None
     signal: str | None = None
     oom_killed: bool = False
-    tail: list[str] = Field(default_factory=list)
+    tail: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES_PER_REPORT)
 
     @property
     def ok(self) -> bool:
@@ -139,7 +143,7 @@ class DeviceSample(BaseModel):
     power_w: float | None = None
 
 
-class CheckpointCommit(BaseModel):
+class CheckpointCommit(WireModel):
     """One committed checkpoint, reported by rank 0 once its manifest is in place.
 
     Example:
@@ -167,7 +171,7 @@ class CheckpointCommit(BaseModel):
     )
 
 
-class CheckpointSkip(BaseModel):
+class CheckpointSkip(WireModel):
     """A committed checkpoint that restore passed over (its files do not match its manifest).
 
     Example:
@@ -183,7 +187,7 @@ class CheckpointSkip(BaseModel):
     attempt: int = 0
 
 
-class CheckpointRestore(BaseModel):
+class CheckpointRestore(WireModel):
     """The checkpoint an attempt resumed from, reported by rank 0 after a load.
 
     Example:
@@ -199,7 +203,7 @@ class CheckpointRestore(BaseModel):
     attempt: int = 0
 
 
-class WorkerReport(BaseModel):
+class WorkerReport(WireModel):
     """What a rank (its runtime or its supervisor) posts to the gateway, batched.
 
     Posted to `POST /v1/jobs/{job_id}/attempts/{attempt}/report` with the

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from air_sdk.schema._guards import WireModel, bounded_mapping
 from air_sdk.schema.names import (
     ACCELERATOR,
     ENV_NAME,
@@ -43,7 +44,7 @@ MAX_INLINE_CODE_BYTES = 1 << 20
 Priority = Literal["low", "normal", "high"]
 
 
-class _Frozen(BaseModel):
+class _Frozen(WireModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -190,10 +191,13 @@ class FailurePolicySpec(_Frozen):
     backoff_base_s: float = Field(1.0, ge=0, le=3600, description="First restart delay.")
     backoff_max_s: float = Field(60.0, ge=0, le=86400, description="Longest restart delay.")
     non_retryable_exit_codes: list[int] = Field(
-        default_factory=list, description="A rank exiting with one of these fails the job at once."
+        default_factory=list,
+        max_length=256,
+        description="A rank exiting with one of these fails the job at once.",
     )
     non_retryable_patterns: list[str] = Field(
         default_factory=list,
+        max_length=256,
         description="Regexes; a failing rank whose log tail matches one fails the job at once.",
     )
     hang_timeout_s: float | None = Field(
@@ -242,7 +246,9 @@ class JobSpec(_Frozen):
     )
     entrypoint: str | None = Field(None, description="Script path, relative to the bundle root.")
     code: str | None = Field(None, description="Inline Python source run on every rank.")
-    args: list[str] = Field(default_factory=list, description="argv after the script.")
+    args: list[str] = Field(
+        default_factory=list, max_length=MAX_ARGS, description="argv after the script."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra env for every rank.")
     resources: Resources = Field(default_factory=Resources)
     pool: str = Field(
@@ -328,6 +334,12 @@ class JobSpec(_Frozen):
             if len(a) > MAX_ARG_CHARS or "\x00" in a:
                 raise ValueError(f"an arg is over {MAX_ARG_CHARS} characters or holds a NUL byte")
         return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_size_ok(cls, v: object) -> object:
+        # Before the entries are validated: 700k bad entries would be 700k errors.
+        return bounded_mapping("env", v, MAX_ENV_VARS)
 
     @field_validator("env")
     @classmethod

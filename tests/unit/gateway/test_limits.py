@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def test_a_body_over_its_cap_is_413_with_a_message_that_says_what_to_do(small):
     r = small.post("/v1/admin/tenants", json=big)
     assert r.status_code == 413
     assert r.json()["detail"] == (
-        "the request body is over 2048 bytes, the limit for this route: send a smaller body"
+        "the request body is over 2 KiB, the limit for this route: send a smaller body"
     )
     r = small.post("/v1/jobs", json={"entrypoint": "t.py", "code": "#" * 5000})
     assert r.status_code == 413 and "put large inline code in a file" in r.json()["detail"]
@@ -62,7 +63,7 @@ def test_a_chunked_body_without_content_length_is_cut_off_at_the_cap(small):
             yield b"x" * 1000
 
     r = small.put("/v1/bundles/" + "b" * 64, content=chunks())
-    assert r.status_code == 413 and "8192 bytes" in r.json()["detail"]
+    assert r.status_code == 413 and "8 KiB" in r.json()["detail"]
     bundles = Path(small.store.path).parent / "bundles"  # type: ignore[attr-defined]
     assert not list(bundles.glob("*"))  # no partial upload left behind
 
@@ -248,3 +249,143 @@ def test_a_bundle_over_the_file_count_is_413(tenancy, monkeypatch):
     r = owner.put(f"/v1/bundles/{bundle.sha256}", content=bundle.data)
     assert r.status_code == 413 and "bundle refused" in r.json()["detail"]
     assert owner.head(f"/v1/bundles/{bundle.sha256}").status_code == 404
+
+
+# ---- one request must not freeze the gateway (issue 14, item 2) -------------------------
+
+
+def _unknown_keys(num_bytes: int) -> bytes:
+    n = num_bytes // len(b'"k0000000":0,')
+    return ("{" + ",".join(f'"k{i:07d}":0' for i in range(n)) + "}").encode()
+
+
+@pytest.fixture
+def defaults(tmp_path) -> TestClient:
+    """The default caps; rate limits off (these tests are not about them)."""
+    return _client(tmp_path, SecurityOptions(limits=NO_RATE_LIMITS), role="member")
+
+
+def test_the_probes_8_mb_body_is_413_at_once_naming_the_limit(defaults):
+    r = defaults.post(
+        "/v1/jobs", content=_unknown_keys(8_000_000), headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 413
+    assert r.json()["detail"].startswith("the request body is over 2 MiB, the limit for this route")
+    assert defaults.store.list_jobs(tenant="default") == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(lambda: _unknown_keys(RequestLimits().max_submit_bytes - 100), id="top level"),
+        pytest.param(
+            lambda: b'{"code": "x", "resources": ' + _unknown_keys(1_500_000) + b"}", id="nested"
+        ),
+        pytest.param(
+            lambda: json.dumps({"code": "x", "env": {f"K{i}": i for i in range(100_000)}}).encode(),
+            id="env entries",
+        ),
+        pytest.param(lambda: json.dumps({"code": "x", "args": [0] * 300_000}).encode(), id="args"),
+        pytest.param(
+            lambda: json.dumps(
+                {"code": "x", "failure": {"non_retryable_exit_codes": ["x"] * 300_000}}
+            ).encode(),
+            id="exit codes",
+        ),
+    ],
+)
+def test_a_body_under_the_cap_with_many_problems_gets_a_short_answer(defaults, body):
+    data = body()
+    assert len(data) <= RequestLimits().max_submit_bytes
+    r = defaults.post("/v1/jobs", content=data, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert len(r.content) < 4096, r.text[:300]  # the probe's answer was 28 MB
+
+
+def test_many_unknown_keys_are_named_once_with_a_count(defaults):
+    r = defaults.post("/v1/jobs", content=_unknown_keys(100_000))
+    detail = r.json()["detail"]
+    assert detail.startswith("unknown fields 'k0000000', 'k0000001', 'k0000002'"), detail
+    assert "and 7687 more: the fields are api_version, name" in detail
+
+
+def test_an_error_answer_never_echoes_the_input(defaults):
+    big = "S" * 500_000
+    for body in (
+        {"code": "x", "max_restarts": big},
+        {"code": "x", "priority": big},
+        {"code": "x", "env": {big[:1000]: 1}},
+        {"code": "x", "resources": [big]},
+    ):
+        r = defaults.post("/v1/jobs", json=body)
+        assert r.status_code == 422 and len(r.content) < 1024, r.text[:300]
+        assert "S" * 41 not in r.text  # a key in the location is quoted 40 characters long
+
+
+def test_a_worker_report_with_many_problems_gets_a_short_answer(tenancy):
+    job = tenancy.submit("owner")
+    attempt, token = tenancy.start(job["id"])
+    worker = tenancy.client(Authorization=f"Bearer {token}")
+    points = [{"step": 1, "ts": 0, "values": {f"m{i}": "x" for i in range(50)}}] * 5000
+    r = worker.post(
+        f"/v1/jobs/{job['id']}/attempts/{attempt}/report", json={"rank": 0, "points": points}
+    )
+    assert r.status_code == 422 and len(r.content) < 4096
+    assert r.json()["detail"].startswith("not a WorkerReport: points.0.values.m0:")
+    assert r.json()["detail"].endswith("and 249980 more")
+
+
+def test_a_body_is_not_parsed_before_the_token_is_checked(defaults):
+    anonymous = TestClient(defaults.app, base_url=BASE_URL)
+    broken = b'{"code": "x", ' * 1000
+    for path in ("/v1/jobs", "/v1/admin/tenants", "/v1/admin/tokens"):
+        r = anonymous.post(path, content=broken, headers={"Content-Type": "application/json"})
+        assert r.status_code == 401, (path, r.text)  # not 422: nobody parsed it
+    r = defaults.post("/v1/jobs", content=broken, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "Invalid JSON" in r.json()["detail"]
+
+
+def test_a_body_that_is_not_json_is_422_saying_so(defaults):
+    r = defaults.post("/v1/jobs", content=b"code=x", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 422 and "Content-Type: application/json" in r.json()["detail"]
+    r = defaults.post("/v1/jobs", content=b"")
+    assert r.status_code == 422 and "empty" in r.json()["detail"]
+
+
+def test_health_answers_while_a_submit_body_is_being_parsed(tmp_path, monkeypatch):
+    """The parse runs in a worker thread: hold it there, and /v1/health (and the event
+    loop) still answer. Before issue 14 FastAPI parsed on the loop, so nothing did."""
+    import anyio
+    import httpx
+
+    app, store = make_app(tmp_path, SecurityOptions(limits=NO_RATE_LIMITS))
+    token = store.create_token(role="member")
+    parsing, release = threading.Event(), threading.Event()
+    real_parse = routes.parse_model
+
+    def held_parse(*args, **kwargs):
+        parsing.set()
+        assert release.wait(30), "health never answered while the body was parsed"
+        return real_parse(*args, **kwargs)
+
+    monkeypatch.setattr(routes, "parse_model", held_parse)
+
+    async def scenario() -> tuple[int, int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+            headers = {"Authorization": f"Bearer {token}"}
+            async with anyio.create_task_group() as tg:
+                result: dict[str, int] = {}
+
+                async def submit() -> None:
+                    r = await client.post("/v1/jobs", json={"code": "x"}, headers=headers)
+                    result["submit"] = r.status_code
+
+                tg.start_soon(submit)
+                while not parsing.is_set():
+                    await anyio.sleep(0.01)
+                health = await client.get("/v1/health")
+                release.set()
+            return health.status_code, result["submit"]
+
+    assert anyio.run(scenario) == (200, 201)
