@@ -16,7 +16,7 @@ from air_sdk.bundle import pack_directory
 from air_sdk.gateway import routes
 from air_sdk.gateway.options import RateLimit, RequestLimits, SecurityOptions
 from air_sdk.gateway.security import RateLimiter
-from air_sdk.schema.spec import MAX_ARG_CHARS, MAX_ENV_VARS
+from air_sdk.schema.spec import MAX_ARG_CHARS, MAX_ENV_VARS, MAX_INLINE_CODE_BYTES
 
 
 def _client(tmp_path, security: SecurityOptions, role: str = "admin", **kw) -> TestClient:
@@ -389,3 +389,13 @@ def test_health_answers_while_a_submit_body_is_being_parsed(tmp_path, monkeypatc
             return health.status_code, result["submit"]
 
     assert anyio.run(scenario) == (200, 201)
+
+
+def test_a_spec_with_the_most_inline_code_allowed_fits_the_submit_cap(defaults):
+    # Real Python source, JSON-escaped as the client sends it (requests' json=).
+    source = Path(routes.__file__).read_text()
+    code = (source * (MAX_INLINE_CODE_BYTES // len(source) + 1))[:MAX_INLINE_CODE_BYTES]
+    body = json.dumps({"code": code, "name": "big-cell"}).encode()
+    assert len(body) < RequestLimits().max_submit_bytes
+    r = defaults.post("/v1/jobs", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 201, r.text[:300]
