@@ -84,6 +84,15 @@ def start(
             help="Browser origin allowed to call the API (repeat); none by default.",
         ),
     ] = None,
+    trust_proxy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--trust-proxy",
+            metavar="ADDR",
+            help="Address of a reverse proxy whose X-Forwarded-For is believed (repeat);"
+            " none by default.",
+        ),
+    ] = None,
     cluster: Annotated[
         Path | None,
         typer.Option(
@@ -123,6 +132,7 @@ def start(
         insecure_bind=insecure_bind,
         allowed_hosts=tuple(allow_host or ()),
         cors_origins=tuple(cors_origin or ()),
+        trusted_proxies=tuple(trust_proxy or ()),
         cluster_file=cluster,
         backend=backend,
         ray_address=ray_address,

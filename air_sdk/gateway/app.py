@@ -177,7 +177,7 @@ def create_app(
     app.include_router(routes.router)
     app.include_router(routes.worker_router)
     app.include_router(admin.router)
-    install(app, security or SecurityOptions())
+    install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
 
     @app.get("/v1/openapi.json", include_in_schema=False)
     def openapi(_: PrincipalDep) -> JSONResponse:

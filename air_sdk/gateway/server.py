@@ -24,7 +24,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import requests
@@ -73,6 +73,10 @@ class GatewayOptions:
     cors_origins: tuple[str, ...] = ()
     #: body caps and rate limits (users, workers, anonymous callers)
     limits: RequestLimits = field(default_factory=RequestLimits)
+    #: addresses of reverse proxies whose X-Forwarded-For / -Proto headers are believed
+    #: (uvicorn's forwarded_allow_ips; "*" trusts any); none by default, so a caller
+    #: cannot pick the client address that its rate limit is keyed by
+    trusted_proxies: tuple[str, ...] = ()
     #: cluster TOML (docs/scheduling.md): pools of nodes, tenant quotas and weights,
     #: scheduler switches; None: this machine's virtual nodes and the default policy
     cluster_file: Path | None = None
@@ -208,22 +212,39 @@ def serve(opts: GatewayOptions) -> None:
             flush=True,
         )
     try:
-        uvicorn.run(
-            app,
-            host=opts.host,
-            port=opts.port,
-            log_level="warning",
-            access_log=False,
-            server_header=False,
-            ssl_certfile=str(opts.tls_cert) if opts.tls_cert else None,
-            ssl_keyfile=str(opts.tls_key) if opts.tls_key else None,
-        )
+        uvicorn.run(app, **uvicorn_options(opts))
     finally:
         try:
             if json.loads(state_path.read_text()).get("pid") == os.getpid():
                 state_path.unlink()
         except (OSError, ValueError):
             pass
+
+
+def uvicorn_options(opts: GatewayOptions) -> dict[str, Any]:
+    """What `serve` hands to uvicorn.run.
+
+    uvicorn believes X-Forwarded-For from 127.0.0.1 by default (`proxy_headers=True`,
+    `forwarded_allow_ips="127.0.0.1"`, or $FORWARDED_ALLOW_IPS): any local process
+    could then claim any client address, a fresh one per request, and never meet its
+    rate limit. Forwarded headers are read only from `opts.trusted_proxies`.
+
+    Example:
+        >>> uvicorn_options(GatewayOptions(home=Path("/tmp/h")))["proxy_headers"]
+        False
+    """
+    return {
+        "host": opts.host,
+        "port": opts.port,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "proxy_headers": bool(opts.trusted_proxies),
+        # Passed even when off: uvicorn's own default would read $FORWARDED_ALLOW_IPS.
+        "forwarded_allow_ips": list(opts.trusted_proxies) or ["127.0.0.1"],
+        "ssl_certfile": str(opts.tls_cert) if opts.tls_cert else None,
+        "ssl_keyfile": str(opts.tls_key) if opts.tls_key else None,
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -287,6 +308,8 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
         cmd += ["--allow-host", host]
     for origin in opts.cors_origins:
         cmd += ["--cors-origin", origin]
+    for proxy in opts.trusted_proxies:
+        cmd += ["--trust-proxy", proxy]
     if opts.limits != RequestLimits():
         cmd += ["--limits-json", opts.limits.to_json()]
     if opts.cluster_file is not None:
@@ -371,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--insecure-bind", action="store_true")
     p.add_argument("--allow-host", action="append", default=[])
     p.add_argument("--cors-origin", action="append", default=[])
+    p.add_argument("--trust-proxy", action="append", default=[])
     p.add_argument("--limits-json", default=None)
     p.add_argument("--cluster", type=Path, default=None)
     p.add_argument("--backend", choices=("local", "ray"), default="local")
@@ -389,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
             insecure_bind=a.insecure_bind,
             allowed_hosts=tuple(a.allow_host),
             cors_origins=tuple(a.cors_origin),
+            trusted_proxies=tuple(a.trust_proxy),
             limits=RequestLimits.from_json(a.limits_json) if a.limits_json else RequestLimits(),
             cluster_file=a.cluster,
             backend=a.backend,

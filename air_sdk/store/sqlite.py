@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     token_hash TEXT NOT NULL, started_at REAL NOT NULL, ended_at REAL,
     reason TEXT NOT NULL DEFAULT '', failure TEXT, resumed_from_step INTEGER,
     PRIMARY KEY (job_id, attempt));
+CREATE INDEX IF NOT EXISTS attempts_token ON attempts(token_hash);
 CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, type TEXT NOT NULL,
     attempt INTEGER, rank INTEGER, data TEXT NOT NULL,
@@ -231,6 +232,23 @@ class SqliteStore:
         if not rows or not hmac.compare_digest(rows[0]["token_hash"], digest):
             return None
         return rows[0]["tenant"], rows[0]["role"]
+
+    def token_exists(self, token: str) -> bool:
+        """True for a live user token or any worker token (of any attempt): two indexed
+        lookups, for the rate limiter to tell a real token from a guessed one.
+
+        Example:
+            >>> store = SqliteStore(":memory:")
+            >>> store.token_exists(store.create_token()), store.token_exists("air_guess")
+            (True, False)
+        """
+        digest = hash_token(token)
+        rows = self._read(
+            "SELECT 1 FROM tokens WHERE token_hash = ? AND revoked_at IS NULL"
+            " UNION ALL SELECT 1 FROM attempts WHERE token_hash = ? LIMIT 1",
+            (digest, digest),
+        )
+        return bool(rows)
 
     def list_tokens(
         self, tenant: str | None = None, *, include_revoked: bool = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import secrets
 import threading
 from pathlib import Path
 
@@ -129,6 +130,83 @@ def test_a_burst_over_the_rate_gets_429_with_retry_after(tmp_path):
     # anonymous callers share one bucket per address
     anon = TestClient(client.app, base_url=BASE_URL)
     assert [anon.get("/v1/health").status_code for _ in range(3)] == [200, 200, 429]
+
+
+def _random_token() -> str:
+    return f"air_{secrets.token_urlsafe(32)}"
+
+
+def test_a_fresh_random_token_per_request_meets_the_address_limit(tmp_path, monkeypatch):
+    # The probe: a new random bearer token on every request had a fresh bucket each time,
+    # so nothing limited it. Failed authentications count against the address now, and
+    # once it is out of room the token is not even looked up.
+    limits = RequestLimits(user_rate=None, anonymous_rate=RateLimit(per_s=0.01, burst=3))
+    client = _client(tmp_path, SecurityOptions(limits=limits))
+    assert client.get("/v1/jobs").status_code == 200  # a token in use before the attack
+    lookups = []
+    real_lookup = client.store.lookup_token
+    monkeypatch.setattr(client.store, "lookup_token", lambda t: lookups.append(t) or real_lookup(t))
+    attacker = TestClient(client.app, base_url=BASE_URL)
+    codes = [
+        attacker.get("/v1/jobs", headers={"Authorization": f"Bearer {_random_token()}"}).status_code
+        for _ in range(10)
+    ]
+    assert codes == [401] * 3 + [429] * 7
+    assert len(lookups) == 3
+    r = attacker.get("/v1/jobs", headers={"Authorization": f"Bearer {_random_token()}"})
+    assert "failed authentications" in r.json()["detail"] and int(r.headers["Retry-After"]) >= 1
+    # no token at all shares the same address bucket
+    assert attacker.get("/v1/health").status_code == 429
+    # the token that already worked is not held back by its neighbour's failures,
+    # nor is a real one new to the gateway (its first request does one lookup)
+    assert client.get("/v1/jobs").status_code == 200
+    fresh = TestClient(client.app, base_url=BASE_URL)
+    fresh.headers["Authorization"] = f"Bearer {client.store.create_token(role='viewer')}"
+    assert fresh.get("/v1/jobs").status_code == 200
+    # another address is not either
+    elsewhere = TestClient(client.app, base_url=BASE_URL, client=("10.1.2.3", 4000))
+    assert elsewhere.get("/v1/health").status_code == 200
+
+
+def test_new_real_tokens_cost_their_address_nothing(tmp_path):
+    limits = RequestLimits(user_rate=None, anonymous_rate=RateLimit(per_s=0.01, burst=2))
+    client = _client(tmp_path, SecurityOptions(limits=limits))
+    for _ in range(6):  # e.g. the first reports of many new jobs, or new users
+        other = TestClient(client.app, base_url=BASE_URL)
+        other.headers["Authorization"] = f"Bearer {client.store.create_token(role='viewer')}"
+        assert other.get("/v1/jobs").status_code == 200
+    assert TestClient(client.app, base_url=BASE_URL).get("/v1/health").status_code == 200
+
+
+def test_a_revoked_token_counts_as_a_failure_again(tmp_path):
+    limits = RequestLimits(user_rate=None, anonymous_rate=RateLimit(per_s=0.01, burst=2))
+    client = _client(tmp_path, SecurityOptions(limits=limits))
+    info, token = client.store.issue_token("default", "viewer")
+    user = TestClient(client.app, base_url=BASE_URL)
+    user.headers["Authorization"] = f"Bearer {token}"
+    assert user.get("/v1/jobs").status_code == 200
+    client.store.revoke_token(info.id)
+    # the first 401 forgets it; the next ones count against the address
+    assert [user.get("/v1/jobs").status_code for _ in range(4)] == [401, 401, 401, 429]
+
+
+def test_ipv6_clients_are_limited_by_their_64():
+    from air_sdk.gateway.security import client_key
+
+    a = client_key({"client": ("2001:db8:1:2::1", 1)})
+    b = client_key({"client": ("2001:db8:1:2:ffff::9", 2)})
+    c = client_key({"client": ("2001:db8:1:3::1", 3)})
+    assert a == b != c
+
+
+def test_the_server_believes_no_forwarded_header_unless_told(monkeypatch):
+    from air_sdk.gateway.server import GatewayOptions, uvicorn_options
+
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")  # uvicorn would read it by default
+    plain = uvicorn_options(GatewayOptions(home=Path("/tmp/h")))
+    assert plain["proxy_headers"] is False and plain["forwarded_allow_ips"] == ["127.0.0.1"]
+    proxied = uvicorn_options(GatewayOptions(home=Path("/tmp/h"), trusted_proxies=("10.0.0.2",)))
+    assert proxied["proxy_headers"] is True and proxied["forwarded_allow_ips"] == ["10.0.0.2"]
 
 
 def test_worker_reports_have_their_own_much_higher_rate(tmp_path):
