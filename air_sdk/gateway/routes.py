@@ -47,9 +47,7 @@ from air_sdk.schema import (
     JobRecord,
     JobSpec,
     JobState,
-    LogLine,
     LogPage,
-    MetricRow,
     MetricsPage,
     NodeInfo,
     WorkerReport,
@@ -57,6 +55,12 @@ from air_sdk.schema import (
 from air_sdk.schema.events import CheckpointCommit, CheckpointRestore, CheckpointSkip
 from air_sdk.schema.names import IDEMPOTENCY_KEY, JOB_ID, SHA256, is_valid, shown
 from air_sdk.store import IdempotencyConflict
+from air_sdk.store.pages import (
+    LOG_PAGE_LINES,
+    METRIC_PAGE_POINTS,
+    read_log_page,
+    read_metrics_page,
+)
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 worker_router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
@@ -336,29 +340,28 @@ def job_logs(
     principal: PrincipalDep,
     rank: Annotated[int | None, Query(ge=0)] = None,
     attempt: Annotated[int | None, Query(ge=1)] = None,
-    tail: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    tail: Annotated[int | None, Query(ge=1, le=100_000, description="The newest N lines")] = None,
+    after: Annotated[int, Query(ge=0, description="Lines of reports after this seq")] = 0,
+    before: Annotated[
+        int | None, Query(ge=1, description="With tail: lines of reports before this seq")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000, description="Lines per page, about")] = (
+        LOG_PAGE_LINES
+    ),
 ) -> LogPage:
+    """One page of log lines (about `limit` lines, at most ~4 MiB of text): page on with
+    `after=last_seq` while `more`; with `tail`, go back with `before=first_seq`."""
     _job_or_404(ctx, principal, job_id)
-    events = ctx.store.read_events(
+    return read_log_page(
+        ctx.store,
         job_id,
         after=after,
-        types=(EventType.LOG,),
+        before=before,
         rank=rank,
         attempt=attempt,
-        limit=100_000 if tail is None else tail,
-        newest_first=tail is not None,
+        tail=tail,
+        max_lines=limit,
     )
-    if tail is not None:
-        events.reverse()
-    lines = [
-        LogLine(attempt=e.attempt or 0, rank=e.rank or 0, text=text)
-        for e in events
-        for text in e.data.get("lines", [])
-    ]
-    if tail is not None:
-        lines = lines[-tail:]
-    return LogPage(lines=lines, last_seq=events[-1].seq if events else after)
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsPage)
@@ -368,26 +371,14 @@ def job_metrics(
     principal: PrincipalDep,
     name: str | None = None,
     rank: Annotated[int | None, Query(ge=0)] = None,
+    after: Annotated[int, Query(ge=0, description="Points of reports after this seq")] = 0,
+    limit: Annotated[int, Query(ge=1, le=200_000, description="Points per page, about")] = (
+        METRIC_PAGE_POINTS
+    ),
 ) -> MetricsPage:
+    """One page of metric points: page on with `after=last_seq` while `more`."""
     _job_or_404(ctx, principal, job_id)
-    rows = []
-    for e in ctx.store.read_events(job_id, types=(EventType.METRICS,), rank=rank, limit=1_000_000):
-        for p in e.data.get("points", []):
-            values = p["values"]
-            if name is not None:
-                if name not in values:
-                    continue
-                values = {name: values[name]}
-            rows.append(
-                MetricRow(
-                    attempt=e.attempt or 0,
-                    rank=e.rank or 0,
-                    step=p["step"],
-                    ts=p["ts"],
-                    values=values,
-                )
-            )
-    return MetricsPage(points=rows)
+    return read_metrics_page(ctx.store, job_id, after=after, name=name, rank=rank, max_points=limit)
 
 
 @router.get("/jobs/{job_id}/checkpoints", response_model=CheckpointList)

@@ -32,6 +32,7 @@ import requests
 from air_sdk.config import DEFAULT_PORT, air_home, write_client_config
 from air_sdk.errors import AirError
 from air_sdk.gateway.options import RequestLimits, SecurityOptions, check_bind, is_loopback
+from air_sdk.store.quota import JobQuotas
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -77,6 +78,10 @@ class GatewayOptions:
     #: (uvicorn's forwarded_allow_ips; "*" trusts any); none by default, so a caller
     #: cannot pick the client address that its rate limit is keyed by
     trusted_proxies: tuple[str, ...] = ()
+    #: bytes of log lines and of metric points one job may keep; past a quota the oldest
+    #: are dropped, the newest kept, and the job gets an alert event; None: no quota
+    max_log_bytes_per_job: int | None = JobQuotas().max_log_bytes
+    max_metric_bytes_per_job: int | None = JobQuotas().max_metric_bytes
     #: cluster TOML (docs/scheduling.md): pools of nodes, tenant quotas and weights,
     #: scheduler switches; None: this machine's virtual nodes and the default policy
     cluster_file: Path | None = None
@@ -141,7 +146,10 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     )
     # Only this user reads the database, bundles and job files (made so when created).
     opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    store = SqliteStore(opts.home / "air.db")
+    quotas = JobQuotas(
+        max_log_bytes=opts.max_log_bytes_per_job, max_metric_bytes=opts.max_metric_bytes_per_job
+    )
+    store = SqliteStore(opts.home / "air.db", quotas=quotas)
     token = _ensure_token(store, opts.home)
     cluster = load_cluster(opts.cluster_file)
     backend = make_backend(opts, cluster)
@@ -310,6 +318,11 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
         cmd += ["--cors-origin", origin]
     for proxy in opts.trusted_proxies:
         cmd += ["--trust-proxy", proxy]
+    for flag, value in (
+        ("--max-log-bytes-per-job", opts.max_log_bytes_per_job),
+        ("--max-metric-bytes-per-job", opts.max_metric_bytes_per_job),
+    ):
+        cmd += [flag, str(value or 0)]
     if opts.limits != RequestLimits():
         cmd += ["--limits-json", opts.limits.to_json()]
     if opts.cluster_file is not None:
@@ -395,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--allow-host", action="append", default=[])
     p.add_argument("--cors-origin", action="append", default=[])
     p.add_argument("--trust-proxy", action="append", default=[])
+    p.add_argument("--max-log-bytes-per-job", type=int, default=JobQuotas().max_log_bytes)
+    p.add_argument("--max-metric-bytes-per-job", type=int, default=JobQuotas().max_metric_bytes)
     p.add_argument("--limits-json", default=None)
     p.add_argument("--cluster", type=Path, default=None)
     p.add_argument("--backend", choices=("local", "ray"), default="local")
@@ -414,6 +429,8 @@ def main(argv: list[str] | None = None) -> None:
             allowed_hosts=tuple(a.allow_host),
             cors_origins=tuple(a.cors_origin),
             trusted_proxies=tuple(a.trust_proxy),
+            max_log_bytes_per_job=a.max_log_bytes_per_job or None,  # 0: no quota
+            max_metric_bytes_per_job=a.max_metric_bytes_per_job or None,
             limits=RequestLimits.from_json(a.limits_json) if a.limits_json else RequestLimits(),
             cluster_file=a.cluster,
             backend=a.backend,

@@ -14,8 +14,8 @@ Routes (all but `/v1/health` need `Authorization: Bearer <token>`):
 | GET    | /v1/jobs/{id}/attempts                       |                         | AttemptList  |
 | GET    | /v1/jobs/{id}/events                         | ?after=&limit=&wait=    | EventPage    |
 | GET    | /v1/jobs/{id}/events/stream                  | ?after= / Last-Event-ID | SSE of Event |
-| GET    | /v1/jobs/{id}/logs                           | ?rank=&attempt=&tail=   | LogPage      |
-| GET    | /v1/jobs/{id}/metrics                        | ?name=&rank=            | MetricsPage  |
+| GET    | /v1/jobs/{id}/logs                 | ?rank=&attempt=&after=&limit=&tail=&before= | LogPage |
+| GET    | /v1/jobs/{id}/metrics                        | ?name=&rank=&after=&limit= | MetricsPage |
 | GET    | /v1/jobs/{id}/checkpoints                    |                         | CheckpointList |
 | POST   | /v1/jobs/{id}/attempts/{n}/report            | WorkerReport (worker)   | 204          |
 | GET    | /v1/cluster                                  |                         | Inventory    |
@@ -146,8 +146,17 @@ class LogLine(_Wire):
 
 
 class LogPage(_Wire):
+    """A page of log lines, in order. Forward: pass `last_seq` as `after` for the next
+    page while `more`. With `tail`: the newest lines; while `more`, pass `first_seq` as
+    `before` for the older ones."""
+
     lines: list[LogLine]
+    #: the event sequence number of the newest line's report (follow on from here)
     last_seq: int
+    #: ... and of the oldest one's
+    first_seq: int = 0
+    #: the page was cut by its size: there are more lines to ask for
+    more: bool = False
 
 
 class MetricRow(_Wire):
@@ -159,7 +168,12 @@ class MetricRow(_Wire):
 
 
 class MetricsPage(_Wire):
+    """A page of metric points, in order: pass `last_seq` as `after` for the next one
+    while `more`."""
+
     points: list[MetricRow]
+    last_seq: int = 0
+    more: bool = False
 
 
 class CheckpointList(_Wire):

@@ -1,7 +1,9 @@
 """The per-job, append-only event log: what every reader (CLI, SDK, widget) folds.
 
 Each event has a per-job sequence number starting at 1 with no gaps, so a reader
-that reconnects asks for `after=<last seq it saw>` and misses nothing.
+that reconnects asks for `after=<last seq it saw>` and misses nothing. (The one
+exception: past a job's storage quota the oldest `log` and `metrics` events are
+deleted, and an `alert` of kind `quota` says so; see `air_sdk.store.quota`.)
 """
 
 from __future__ import annotations

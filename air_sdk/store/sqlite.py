@@ -37,6 +37,7 @@ from air_sdk.schema import (
 )
 from air_sdk.schema.admin import ROLES
 from air_sdk.schema.state import check_transition
+from air_sdk.store.quota import JobQuotas, QuotaKeeper, utf8_len
 from air_sdk.store.secret_env import SecretEnvStore
 
 #: the system tenant, created with the database; its admins manage every tenant
@@ -126,8 +127,9 @@ class SqliteStore:
         (True, <JobState.QUEUED: 'QUEUED'>)
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, quotas: JobQuotas | None = None) -> None:
         self.path = str(path)
+        self._quota = QuotaKeeper(quotas or JobQuotas())
         self._write_lock = threading.RLock()
         self._local = threading.local()
         self._memory = self.path == ":memory:"
@@ -655,6 +657,10 @@ class SqliteStore:
                     (job_id, seq, now, etype.value, attempt, rank, data_json),
                 )
                 self._last_seq[job_id] = seq
+                if self._quota.limited(etype):
+                    alert = self._quota.add(c, job_id, etype, utf8_len(data_json))
+                    if alert is not None:
+                        self._append(c, job_id, EventType.ALERT, alert, attempt=attempt)
             c.execute(
                 "INSERT INTO heartbeats VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
                 " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts,"
@@ -725,6 +731,7 @@ class SqliteStore:
         rank: int | None = None,
         attempt: int | None = None,
         newest_first: bool = False,
+        before: int | None = None,
     ) -> list[Event]:
         # With a type filter, SQLite's planner still picks the primary key and scans
         # every metrics row of the job (92% of a core at 3M points, measured); the
@@ -740,6 +747,9 @@ class SqliteStore:
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
+        if before is not None:
+            sql += " AND seq < ?"
+            args.append(before)
         sql += f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?"
         args.append(limit)
         return [
