@@ -3,13 +3,15 @@
 With its worker token a job posted 96 MiB of logs in 1.6 s (issue 14), and nothing
 stopped it from filling the disk. Each job now has a byte budget for its `log` and
 for its `metrics` events (`JobQuotas`, set from the gateway's options). Past it,
-the oldest events of that type are deleted until the job is back under
-`trim_to` of its budget, so the newest are kept (as Kubernetes rotates a container's
-log), and one `alert` event (kind `quota`) says so the first time.
+the oldest events of that type are deleted until the job is back under `trim_to` of
+its budget, so the newest are kept (as Kubernetes rotates a container's log), and
+one `alert` event (kind `quota`) says so the first time.
 
-The bytes counted are those of the stored event data (JSON). Usage is kept in memory
-per job and type, read from the database once per gateway process, so the ingest
-path adds a dict lookup per event.
+The bytes counted are those of the stored event data (UTF-8 JSON). The running sums
+live in the job's row (`jobs.log_bytes`, `jobs.metric_bytes`), updated by the same
+statement that numbers each event, so counting costs nothing on the ingest path and
+a restarted gateway reads no event to know where a job stands. Events stored by a
+version of AIR from before the counters are not counted.
 
 Example:
     >>> JobQuotas().bytes_for(EventType.LOG) == 128 * MIB
@@ -24,15 +26,15 @@ from dataclasses import dataclass
 
 from air_sdk.schema import EventType
 
-__all__ = ["MIB", "QUOTA_ALERT", "JobQuotas", "QuotaKeeper", "utf8_len"]
+__all__ = ["COUNTED", "MIB", "QUOTA_ALERT", "JobQuotas", "QuotaKeeper", "utf8_len"]
 
 MIB = 1 << 20
 #: the alert's `kind`
 QUOTA_ALERT = "quota"
+#: event types with a byte count in the job's row, and the column that holds it
+COUNTED = {EventType.LOG: "log_bytes", EventType.METRICS: "metric_bytes"}
 _WHAT = {EventType.LOG: "log lines", EventType.METRICS: "metric points"}
 _OPTION = {EventType.LOG: "max_log_bytes_per_job", EventType.METRICS: "max_metric_bytes_per_job"}
-#: rows looked at per query when choosing what to delete
-_TRIM_BATCH = 2000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +51,8 @@ class JobQuotas:
     #: metric points (`air metrics`, the charts): the newest are kept past it
     max_metric_bytes: int | None = 256 * MIB
     #: once over, the oldest are deleted until the job is under this share of its quota
-    trim_to: float = 0.9
+    #: (a trim holds the store's write lock while it frees the rows: keep each one small)
+    trim_to: float = 0.95
 
     def __post_init__(self) -> None:
         for name in ("max_log_bytes", "max_metric_bytes"):
@@ -68,65 +71,39 @@ class JobQuotas:
 
 
 class QuotaKeeper:
-    """Counts each job's stored log and metrics bytes and trims the oldest past a
-    quota. Called by the store inside its write transactions (`c`), so a trim and the
-    append that caused it commit together."""
+    """Trims a job's oldest log or metrics events past its quota. Called by the store
+    inside its write transaction (`c`), so a trim and the append that caused it commit
+    together."""
 
     def __init__(self, quotas: JobQuotas) -> None:
         self.quotas = quotas
         self._lock = threading.Lock()
-        self._used: dict[tuple[str, EventType], int] = {}
         self._alerted: set[tuple[str, EventType]] = set()
 
-    def limited(self, etype: EventType) -> bool:
-        return self.quotas.bytes_for(etype) is not None
-
-    def add(
-        self, c: sqlite3.Connection, job_id: str, etype: EventType, num_bytes: int
+    def check(
+        self, c: sqlite3.Connection, job_id: str, etype: EventType, used: int
     ) -> dict[str, str] | None:
-        """Count `num_bytes` more of `etype` for `job_id` (already inserted); trim if
-        over. Returns the data of the alert to append the first time the job is
-        trimmed, else None."""
+        """`used`: the job's stored bytes of `etype`, the event just inserted included.
+        Past the quota, deletes the oldest and lowers the count. Returns the data of the
+        alert to append the first time the job is trimmed, else None."""
         limit = self.quotas.bytes_for(etype)
-        if limit is None:
+        if limit is None or used <= limit:
             return None
+        freed = _delete_oldest(c, job_id, etype, used - int(limit * self.quotas.trim_to))
+        column = COUNTED[etype]
+        c.execute(f"UPDATE jobs SET {column} = {column} - ? WHERE id = ?", (freed, job_id))
         key = (job_id, etype)
         with self._lock:
-            used = self._used.get(key)
-            if used is None:
-                used = _stored_bytes(c, job_id, etype)  # includes this append already
-                self._alerted.update([key] if _alerted_before(c, job_id, etype) else [])
-            else:
-                used += num_bytes
-            if used <= limit:
-                self._used[key] = used
-                return None
-            target = int(limit * self.quotas.trim_to)
-            self._used[key] = used - _delete_oldest(c, job_id, etype, used - target)
             if key in self._alerted:
                 return None
             self._alerted.add(key)
+        if _alerted_before(c, job_id, etype):  # by a gateway before a restart
+            return None
         detail = (
             f"this job's {_WHAT[etype]} reached their quota of {limit / MIB:g} MiB: the"
             f" oldest are being dropped, the newest kept (gateway option {_OPTION[etype]})"
         )
         return {"kind": QUOTA_ALERT, "of": etype.value, "detail": detail}
-
-    def forget(self, job_id: str) -> None:
-        """Drop the counts of a job (its events are gone, or will never grow again)."""
-        with self._lock:
-            for etype in _WHAT:
-                self._used.pop((job_id, etype), None)
-                self._alerted.discard((job_id, etype))
-
-
-def _stored_bytes(c: sqlite3.Connection, job_id: str, etype: EventType) -> int:
-    row = c.execute(
-        "SELECT COALESCE(SUM(length(CAST(data AS BLOB))), 0) FROM events INDEXED BY"
-        " events_type WHERE job_id = ? AND type = ?",
-        (job_id, etype.value),
-    ).fetchone()
-    return int(row[0])
 
 
 def _alerted_before(c: sqlite3.Connection, job_id: str, etype: EventType) -> bool:
@@ -140,21 +117,20 @@ def _alerted_before(c: sqlite3.Connection, job_id: str, etype: EventType) -> boo
 
 def _delete_oldest(c: sqlite3.Connection, job_id: str, etype: EventType, at_least: int) -> int:
     """Delete the oldest `etype` events of `job_id` holding at least `at_least` bytes
-    (or all of them); returns the bytes deleted."""
-    freed, last_seq, after = 0, None, 0
-    while freed < at_least:
-        rows = c.execute(
-            "SELECT seq, length(CAST(data AS BLOB)) FROM events INDEXED BY events_type"
-            " WHERE job_id = ? AND type = ? AND seq > ? ORDER BY seq LIMIT ?",
-            (job_id, etype.value, after, _TRIM_BATCH),
-        ).fetchall()
-        if not rows:
+    (or all of them); returns the bytes deleted. Reads the sizes of those rows only:
+    the cursor is stepped lazily (measuring a row reads all of its data)."""
+    freed, last_seq = 0, None
+    rows = c.execute(
+        "SELECT seq, length(CAST(data AS BLOB)) FROM events INDEXED BY events_type"
+        " WHERE job_id = ? AND type = ? ORDER BY seq",
+        (job_id, etype.value),
+    )
+    for seq, size in rows:
+        freed += size
+        last_seq = seq
+        if freed >= at_least:
             break
-        for seq, size in rows:
-            freed += size
-            last_seq = after = seq
-            if freed >= at_least:
-                break
+    rows.close()
     if last_seq is not None:
         c.execute(
             "DELETE FROM events WHERE job_id = ? AND type = ? AND seq <= ?",

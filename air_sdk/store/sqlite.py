@@ -37,7 +37,7 @@ from air_sdk.schema import (
 )
 from air_sdk.schema.admin import ROLES
 from air_sdk.schema.state import check_transition
-from air_sdk.store.quota import JobQuotas, QuotaKeeper, utf8_len
+from air_sdk.store.quota import COUNTED, JobQuotas, QuotaKeeper, utf8_len
 from air_sdk.store.secret_env import SecretEnvStore
 
 #: the system tenant, created with the database; its admins manage every tenant
@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 0, num_restarts INTEGER NOT NULL DEFAULT 0,
     charged_restarts INTEGER NOT NULL DEFAULT 0,
     failure TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
-    last_seq INTEGER NOT NULL DEFAULT 0, queue_order INTEGER NOT NULL);
+    last_seq INTEGER NOT NULL DEFAULT 0, queue_order INTEGER NOT NULL,
+    log_bytes INTEGER NOT NULL DEFAULT 0, metric_bytes INTEGER NOT NULL DEFAULT 0);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_tenant_order ON jobs(tenant, queue_order);
 CREATE INDEX IF NOT EXISTS jobs_state_order ON jobs(state, queue_order);
@@ -143,6 +144,12 @@ class SqliteStore:
             columns = {r[1] for r in self._writer.execute("PRAGMA table_info(heartbeats)")}
             if "progress_ts" not in columns:  # a database from before progress tracking
                 self._writer.execute("ALTER TABLE heartbeats ADD COLUMN progress_ts REAL")
+            columns = {r[1] for r in self._writer.execute("PRAGMA table_info(jobs)")}
+            for column in COUNTED.values():  # a database from before the storage quotas
+                if column not in columns:
+                    self._writer.execute(
+                        f"ALTER TABLE jobs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                    )
             self._writer.execute(
                 "INSERT OR IGNORE INTO tenants VALUES (?, ?, ?)",
                 (DEFAULT_TENANT, DEFAULT_TENANT, time.time()),
@@ -648,17 +655,25 @@ class SqliteStore:
         now = time.time()
         with self._tx() as c:
             for etype, data_json in items:
-                seq = c.execute(
-                    "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
-                    (job_id,),
-                ).fetchone()[0]
+                column = COUNTED.get(etype)
+                if column is None:
+                    seq = c.execute(
+                        "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
+                        (job_id,),
+                    ).fetchone()[0]
+                else:  # the same statement keeps the job's byte count for its quota
+                    seq, used = c.execute(
+                        f"UPDATE jobs SET last_seq = last_seq + 1, {column} = {column} + ?"
+                        f" WHERE id = ? RETURNING last_seq, {column}",
+                        (utf8_len(data_json), job_id),
+                    ).fetchone()
                 c.execute(
                     "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (job_id, seq, now, etype.value, attempt, rank, data_json),
                 )
                 self._last_seq[job_id] = seq
-                if self._quota.limited(etype):
-                    alert = self._quota.add(c, job_id, etype, utf8_len(data_json))
+                if column is not None:
+                    alert = self._quota.check(c, job_id, etype, used)
                     if alert is not None:
                         self._append(c, job_id, EventType.ALERT, alert, attempt=attempt)
             c.execute(
