@@ -226,6 +226,8 @@ def main() -> None:
             print("flood", json.dumps(flooded), flush=True)
     rows = []
     for name, results in runs.items():
+        if not results:
+            continue
         rows.append(
             [
                 name,

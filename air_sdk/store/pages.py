@@ -36,8 +36,10 @@ LOG_PAGE_BYTES = 4 << 20
 LOG_PAGE_LINES = 10_000
 #: metric points per page unless the caller asks for fewer (or more)
 METRIC_PAGE_POINTS = 20_000
-#: events read per query while filling a page
-_BATCH = 256
+#: events read per query while filling a page: few at first (one report can hold
+#: megabytes, and a query loads every event it returns), more while they are small
+_FIRST_BATCH = 8
+_MAX_BATCH = 512
 
 
 def read_log_page(
@@ -58,9 +60,9 @@ def read_log_page(
         return _tail_page(store, job_id, before, rank, attempt, tail, max_bytes)
     lines: list[LogLine] = []
     num_bytes, first, last, more = 0, 0, after, False
-    cursor = after
+    cursor, batch = after, _FIRST_BATCH
     while not more:
-        events = _read(store, job_id, rank, attempt, after=cursor, before=before)
+        events = _read(store, job_id, rank, attempt, batch, after=cursor, before=before)
         for event in events:
             texts = _texts(event)
             size = sum(len(t) for t in texts)
@@ -70,9 +72,9 @@ def read_log_page(
             lines.extend(_lines(event, texts))
             num_bytes += size
             first, last = first or event.seq, event.seq
-        if len(events) < _BATCH:
+        if len(events) < batch:
             break
-        cursor = events[-1].seq
+        cursor, batch = events[-1].seq, _next_batch(batch, num_bytes, max_bytes)
     return LogPage(lines=lines, last_seq=last, first_seq=first, more=more)
 
 
@@ -87,9 +89,9 @@ def _tail_page(
 ) -> LogPage:
     chunks: list[list[LogLine]] = []  # newest first
     want, num_bytes, first, last, more = tail, 0, 0, 0, False
-    cursor = before
+    cursor, batch = before, _FIRST_BATCH
     while want > 0 and not more:
-        events = _read(store, job_id, rank, attempt, before=cursor, newest_first=True)
+        events = _read(store, job_id, rank, attempt, batch, before=cursor, newest_first=True)
         for event in events:
             texts = _texts(event)[-want:]
             size = sum(len(t) for t in texts)
@@ -102,9 +104,9 @@ def _tail_page(
             first, last = event.seq, last or event.seq
             if want <= 0:
                 break
-        if len(events) < _BATCH:
+        if len(events) < batch:
             break
-        cursor = events[-1].seq
+        cursor, batch = events[-1].seq, _next_batch(batch, num_bytes, max_bytes)
     lines = [line for chunk in reversed(chunks) for line in chunk]
     return LogPage(lines=lines, last_seq=last, first_seq=first, more=more)
 
@@ -121,9 +123,9 @@ def read_metrics_page(
     """The metric points after `after` (of one `name` and `rank` if given), about
     `max_points` of them in whole reports."""
     rows: list[MetricRow] = []
-    last, more, cursor = after, False, after
+    last, more, cursor, batch = after, False, after, _FIRST_BATCH
     while not more:
-        events = _read(store, job_id, rank, None, after=cursor, etype=EventType.METRICS)
+        events = _read(store, job_id, rank, None, batch, after=cursor, etype=EventType.METRICS)
         for event in events:
             new = _rows(event, name)
             if rows and len(rows) + len(new) > max_points:
@@ -131,9 +133,9 @@ def read_metrics_page(
                 break
             rows.extend(new)
             last = event.seq
-        if len(events) < _BATCH:
+        if len(events) < batch:
             break
-        cursor = events[-1].seq
+        cursor, batch = events[-1].seq, min(2 * batch, _MAX_BATCH)
     return MetricsPage(points=rows, last_seq=last, more=more)
 
 
@@ -157,11 +159,17 @@ def _rows(event: Event, name: str | None) -> list[MetricRow]:
     return rows
 
 
+def _next_batch(batch: int, num_bytes: int, max_bytes: int) -> int:
+    """Double the batch while what was read so far is small next to the page."""
+    return min(2 * batch, _MAX_BATCH) if num_bytes < max_bytes // 8 else batch
+
+
 def _read(
     store: SqliteStore,
     job_id: str,
     rank: int | None,
     attempt: int | None,
+    batch: int,
     *,
     after: int = 0,
     before: int | None = None,
@@ -175,7 +183,7 @@ def _read(
         types=(etype,),
         rank=rank,
         attempt=attempt,
-        limit=_BATCH,
+        limit=batch,
         newest_first=newest_first,
     )
 
