@@ -1,45 +1,57 @@
 """A gateway under abusive requests: how long one oversized JSON body takes to answer,
-and how slow `/v1/health` gets for everyone else meanwhile.
+how slow `/v1/health` gets for everyone else meanwhile, and what a log flood costs.
 
-How: a real detached gateway (subprocess, temporary home, default options). For each
-attack, a background thread polls `GET /v1/health` every 20 ms (a fresh connection each
-time, as a load balancer's probe would) from 1 s before the attack until 1 s after
-its answer; the attack is one authenticated `POST /v1/jobs` whose body is a JSON object
-of N unknown keys (`{"k0000001": 0, ...}`), the shape that makes pydantic list one
-error per key. Reported per attack: the answer's status and size, its wall time, and
-the median and worst health latency while it ran, against the same probe on the idle
-gateway. Attacks:
+How: a detached gateway (subprocess, 1 virtual node, temporary home, default
+options). With `--base-tree DIR` a second one runs the `air_sdk` of DIR (an older
+revision: `git archive REV air_sdk | tar -x -C DIR`) side by side, and every attack
+alternates between the two. For each attack, a background thread polls
+`GET /v1/health` every 20 ms (a fresh connection each time, as a load balancer's
+probe would) from 1 s before the attack until 1 s after its answer; the attack is one
+authenticated `POST /v1/jobs` whose body is a JSON object of N unknown keys
+(`{"k0000001": 0, ...}`), the shape that makes pydantic list one error per key.
+Reported per attack: the answer's status and size, its wall time, and the worst
+health latency while it ran. Attacks:
 
 * `8 MB, 700k keys`: the issue-14 probe's body;
 * `900 KiB, 80k keys`: one that fitted every cap before issue 14;
-* `just under the submit cap`: the largest body the gateway still parses.
+* `2 MiB, 160k keys`: just under today's submit cap, the most a body may cost now.
 
-Each attack runs `--runs` times, interleaved; medians are quoted.
+Each attack runs `--runs` times; medians are quoted.
 
-`--flood-mib N` adds the issue-14 log flood: a real 1-rank job posts N MiB of log
-lines (1 MiB reports, with its own worker token, as fast as the gateway takes them);
-then `GET .../logs` is read to the end, page by page while the answer says `more`
-(a gateway without paging answers everything at once). Reported: how long the flood
-took, the log bytes the gateway kept for the job, the largest single answer, and
-the gateway's RSS before the flood, after it, and at its peak while answering.
+`--flood-mib N` adds the issue-14 log flood on each gateway: a real 1-rank job posts
+N MiB of log lines (1 MiB reports, with its own worker token, as fast as the gateway
+takes them); then `GET .../logs` is read to the end, page by page while the answer
+says `more` (a gateway without paging answers everything at once). Reported: how
+long the flood took, the log bytes the gateway kept for the job, the largest single
+answer, and the gateway's RSS before the flood, after it, and at its peak while
+answering.
 
-    .venv/bin/python benchmarks/gateway_abuse.py --runs 3 --flood-mib 160
+    git archive 2339598 air_sdk | tar -x -C /tmp/air-base
+    .venv/bin/python benchmarks/gateway_abuse.py --runs 3 --flood-mib 160 --base-tree /tmp/air-base
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import air_gateway, fmt, header, markdown_table, median, write_result  # noqa: E402
+from _common import fmt, free_port, header, markdown_table, median, write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
 
 PROBE_EVERY_S = 0.02
 MIB = 1 << 20
@@ -146,14 +158,16 @@ class RssPeak:
         self._thread.join()
 
 
-def flood(client: Any, gw: Any, home: Path, mib: int) -> dict[str, Any]:
+def flood(url: str, token: str, pid: int, home: Path, mib: int) -> dict[str, Any]:
     import sqlite3
 
     import psutil
 
+    from air_sdk.client import Client
     from air_sdk.client.client import job_spec
 
-    rss = psutil.Process(gw.pid).memory_info
+    client = Client(url, token)
+    rss = psutil.Process(pid).memory_info
     before = rss().rss
     t0 = time.perf_counter()
     job = client.submit(job_spec(code=FLOOD_CODE % mib, name="flood"))
@@ -167,13 +181,13 @@ def flood(client: Any, gw: Any, home: Path, mib: int) -> dict[str, Any]:
         (job.id,),
     ).fetchone()[0]
     db.close()
-    headers = {"Authorization": f"Bearer {gw.token}"}
+    headers = {"Authorization": f"Bearer {token}"}
     sizes, lines, after_seq = [], 0, 0
     t0 = time.perf_counter()
-    with RssPeak(gw.pid) as peak:
+    with RssPeak(pid) as peak:
         while True:
             r = requests.get(
-                f"{gw.url}/v1/jobs/{job.id}/logs",
+                f"{url}/v1/jobs/{job.id}/logs",
                 params={"after": after_seq},
                 headers=headers,
                 timeout=600,
@@ -200,71 +214,133 @@ def flood(client: Any, gw: Any, home: Path, mib: int) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def gateway_process(tree: Path | None) -> Iterator[tuple[str, str, int, Path]]:
+    """A detached gateway (1 virtual node, temporary home) running the code of `tree`
+    (a directory holding an `air_sdk` package), or of this checkout when None.
+    Yields (url, admin token, pid, home)."""
+    home = Path(tempfile.mkdtemp(prefix="air-abuse-"))
+    port = free_port()
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)  # `-m` puts the cwd first: run from the tree too
+    cmd = [sys.executable, "-m", "air_sdk.gateway.server", "--port", str(port)]
+    cmd += ["--home", str(home), "--nodes", "1", "--no-client-config"]
+    url = f"http://127.0.0.1:{port}"
+    with open(home / "bench-gateway.log", "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tree or REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if requests.get(f"{url}/v1/health", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not start; see {home}/bench-gateway.log")
+            time.sleep(0.2)
+        yield url, (home / "token").read_text().strip(), proc.pid, home
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--flood-mib", type=int, default=0, help="Also run the log flood (MiB).")
+    p.add_argument(
+        "--base-tree",
+        type=Path,
+        default=None,
+        help="A directory with an older air_sdk to run side by side (git archive REV air_sdk).",
+    )
     a = p.parse_args()
-    from air_sdk.gateway.options import RequestLimits
-
-    cap = RequestLimits().max_submit_bytes
     attacks = {
         "8 MB, 700k keys": unknown_keys_body(8_000_000),
         "900 KiB, 80k keys": unknown_keys_body(900 * 1024),
-        f"just under the submit cap ({cap >> 10} KiB)": unknown_keys_body(cap - 64),
+        "2 MiB, 160k keys": unknown_keys_body((2 << 20) - 64),
     }
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in attacks}
-    flooded: dict[str, Any] = {}
-    with air_gateway(num_nodes=1) as (client, gw, home):
+    sides: dict[str, Path | None] = {"AIR": None}
+    if a.base_tree is not None:
+        sides["base"] = a.base_tree.resolve()
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        side: {name: [] for name in attacks} for side in sides
+    }
+    flooded: dict[str, dict[str, Any]] = {}
+    with ExitStack() as stack:
+        gateways = {
+            side: stack.enter_context(gateway_process(tree)) for side, tree in sides.items()
+        }
         for _ in range(a.runs):
             for name, body in attacks.items():
-                result = attack(gw.url, gw.token, body)
-                print(name, json.dumps(result), flush=True)
-                runs[name].append(result)
+                for side, (url, token, _pid, _home) in gateways.items():
+                    result = attack(url, token, body)
+                    print(side, name, json.dumps(result), flush=True)
+                    runs[side][name].append(result)
         if a.flood_mib:
-            flooded = flood(client, gw, home, a.flood_mib)
-            print("flood", json.dumps(flooded), flush=True)
-    rows = []
-    for name, results in runs.items():
-        if not results:
-            continue
-        rows.append(
-            [
-                name,
-                results[0]["status"],
-                f"{results[0]['answer_bytes']:,}",
-                fmt(median([r["answer_s"] for r in results]), 3),
-                fmt(median([r["health_idle_median_s"] * 1000 for r in results]), 1),
-                fmt(median([r["health_during_median_s"] * 1000 for r in results]), 1),
-                fmt(median([r["health_during_max_s"] * 1000 for r in results]), 1),
-            ]
-        )
+            for side, (url, token, pid, home) in gateways.items():
+                flooded[side] = flood(url, token, pid, home, a.flood_mib)
+                print(side, "flood", json.dumps(flooded[side]), flush=True)
     print()
     print(header("Gateway under abusive bodies"))
     print()
-    print(
-        markdown_table(
-            [
-                "attack",
-                "status",
-                "answer bytes",
-                "answer s",
-                "health idle ms (median)",
-                "health during ms (median)",
-                "health during ms (worst)",
-            ],
-            rows,
-        )
-    )
+    headers = ["attack", "side", "status", "answer bytes", "answer s", "health during ms (worst)"]
+    rows = []
+    for name in attacks:
+        for side in sides:
+            results = runs[side][name]
+            if results:
+                rows.append(
+                    [
+                        name,
+                        side,
+                        results[0]["status"],
+                        f"{results[0]['answer_bytes']:,}",
+                        fmt(median([r["answer_s"] for r in results]), 3),
+                        fmt(median([r["health_during_max_s"] * 1000 for r in results]), 1),
+                    ]
+                )
+    idle = [
+        r["health_idle_median_s"] * 1000
+        for side in runs.values()
+        for rs in side.values()
+        for r in rs
+    ]
+    print(markdown_table(headers, rows))
+    print(f"\nhealth when idle: median {fmt(median(idle), 1)} ms")
     if flooded:
         print()
+        keys = list(next(iter(flooded.values())))
         print(
             markdown_table(
-                list(flooded),
-                [[fmt(v, 1) if isinstance(v, float) else v for v in flooded.values()]],
+                ["", *flooded],
+                [
+                    [
+                        k,
+                        *(
+                            fmt(f[k], 1) if isinstance(f[k], float) else f[k]
+                            for f in flooded.values()
+                        ),
+                    ]
+                    for k in keys
+                ],
             )
         )
-    path = write_result("gateway_abuse", {"runs": runs, "submit_cap": cap, "flood": flooded})
+    path = write_result("gateway_abuse", {"runs": runs, "flood": flooded, "load": os.getloadavg()})
     print(f"\n{path}")
 
 
