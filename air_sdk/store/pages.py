@@ -30,7 +30,8 @@ __all__ = [
     "read_metrics_page",
 ]
 
-#: text per page, about: a page is whole reports, and one report is up to ~1 MiB
+#: text per page, about: a page is whole reports (the runtime posts ~1 MiB ones; the cap
+#: on one report is `RequestLimits.max_report_bytes`, 4 MiB)
 LOG_PAGE_BYTES = 4 << 20
 #: lines per page unless the caller asks for fewer (or more, up to the route's maximum)
 LOG_PAGE_LINES = 10_000
