@@ -80,7 +80,8 @@ class RequestLimits:
     user_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
     #: per worker token: every rank of an attempt shares one and posts ~2 reports/s
     worker_rate: RateLimit | None = RateLimit(per_s=2000, burst=4000)
-    #: per client address, for requests without a token (health checks, 401s)
+    #: per client address (an IPv6 one by its /64), for requests without a token (health
+    #: checks) and for failed authentications (any number of guessed tokens: 401s)
     anonymous_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
 
     def __post_init__(self) -> None:
