@@ -54,11 +54,13 @@ LOG_FILE = "gateway.log"
 #: the env var that hands a detached gateway its options (GatewayOptions as JSON)
 OPTIONS_ENV = "AIR_GATEWAY_OPTIONS"
 
+KIB = 1 << 10
 MIB = 1 << 20
 #: the bundle cap when none is set (air_sdk.bundle.DEFAULT_MAX_BYTES; not imported here
 #: so the CLI stays light; tests/unit/test_gateway_config.py checks they agree)
 DEFAULT_MAX_BUNDLE_BYTES = 512 * MIB
-REPORT_PATH = re.compile(r"^/v1/jobs/[^/]+/attempts/[^/]+/report$")
+#: checked with fullmatch (a `$` would also match before a trailing newline)
+REPORT_PATH = re.compile(r"/v1/jobs/[^/]+/attempts/[^/]+/report")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,19 +95,23 @@ class RequestLimits:
         RateLimit(per_s=50, burst=100)
     """
 
-    #: any JSON body not listed below (admin routes, cancel, ...)
-    max_body_bytes: int = 1 * MIB
-    #: POST /v1/jobs: a JobSpec with up to 1 MiB of inline code, JSON-escaped
-    max_submit_bytes: int = 8 * MIB
-    #: worker reports: up to 10k lines of up to 16k characters, escaped
-    max_report_bytes: int = 16 * MIB
+    #: any JSON body not listed below (admin routes, cancel, ...): a few hundred bytes
+    max_body_bytes: int = 64 * KIB
+    #: POST /v1/jobs: a JobSpec with up to 1 MiB of inline code, JSON-escaped. Parsing
+    #: holds the GIL for a time that grows with the size (many small keys: ~0.1 s/MiB
+    #: on a quiet core), so the cap is what one request can cost everyone else
+    max_submit_bytes: int = 2 * MIB
+    #: worker reports: the runtime cuts reports near 1 MiB of lines plus up to 10k
+    #: metric points (docs/benchmarks.md)
+    max_report_bytes: int = 4 * MIB
     #: PUT /v1/bundles/{sha256}; the route also unpacks to check file counts and sizes
     max_bundle_bytes: int = DEFAULT_MAX_BUNDLE_BYTES
     #: per user token (viewer, member, admin)
     user_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
     #: per worker token: every rank of an attempt shares one and posts ~2 reports/s
     worker_rate: RateLimit | None = RateLimit(per_s=2000, burst=4000)
-    #: per client address, for requests without a token (health checks, 401s)
+    #: per client address (an IPv6 one by its /64), for requests without a token (health
+    #: checks) and for failed authentications (any number of guessed tokens: 401s)
     anonymous_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
 
     def __post_init__(self) -> None:
@@ -123,7 +129,7 @@ class RequestLimits:
             return self.max_submit_bytes, (
                 "put large inline code in a file and submit the file; pass data by path"
             )
-        if method == "POST" and REPORT_PATH.match(path):
+        if method == "POST" and REPORT_PATH.fullmatch(path):
             return self.max_report_bytes, "send smaller batches"
         return self.max_body_bytes, "send a smaller body"
 
@@ -198,6 +204,22 @@ class GatewayOptions(BaseSettings):
     )
     cors_origins: Annotated[tuple[str, ...], Flag("--cors-origin", metavar="ORIGIN")] = Field(
         (), description="Browser origin allowed to call the API (repeat); none by default."
+    )
+    trusted_proxies: Annotated[tuple[str, ...], Flag("--trust-proxy", metavar="ADDR")] = Field(
+        (),
+        description="Address of a reverse proxy whose X-Forwarded-For is believed (repeat);"
+        " none by default, so a caller cannot pick the address its rate limit is keyed by.",
+    )
+    max_log_bytes_per_job: int = Field(
+        128 * MIB,
+        ge=0,
+        description="Bytes of log lines one job may keep; past it the oldest are dropped and"
+        " the job gets an alert event. 0: no quota.",
+    )
+    max_metric_bytes_per_job: int = Field(
+        256 * MIB,
+        ge=0,
+        description="Bytes of metric points one job may keep (as for logs). 0: no quota.",
     )
     limits: Annotated[RequestLimits, Flag(hidden=True)] = Field(
         default_factory=RequestLimits,

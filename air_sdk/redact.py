@@ -2,11 +2,14 @@
 
 One definition serves every layer: the store keeps secret env values out of its
 database and scrubs failure records, the gateway never answers with one and
-scrubs worker log lines at ingest. A value is replaced by `REDACTED`.
+scrubs worker log lines at ingest, the Kubernetes renderer moves them into a
+Secret, and a notebook cell refuses to carry one in its pickle. A value is
+replaced by `REDACTED`.
 
-* An env var is secret when its NAME contains one of `SECRET_NAME_PARTS`
-  (case-insensitive: `WANDB_API_KEY`, `hf_token`, `DB_PASSWORD`), or when its
-  value holds an AIR token.
+* An env var is secret when its NAME says so (`is_secret_name`, the one rule
+  every part of AIR uses: `SECRET_NAME`, case-insensitive: `WANDB_API_KEY`,
+  `hf_token`, `DB_PASSWORD`, `MYSQL_PWD`, `HTTP_AUTH`), or when its value holds
+  an AIR token.
 * An AIR token is `air_` (users) or `airw_` (workers) and 43 url-safe base64
   characters (`secrets.token_urlsafe(32)`: 256 random bits); `TOKEN_PATTERN`
   finds one in any text.
@@ -30,6 +33,7 @@ from typing import Any
 __all__ = [
     "MIN_FREE_TEXT_CHARS",
     "REDACTED",
+    "SECRET_NAME",
     "SECRET_NAME_PARTS",
     "TOKEN_PATTERN",
     "TOKEN_PATTERN_BYTES",
@@ -42,7 +46,11 @@ __all__ = [
 
 REDACTED = "***"
 #: an env name holding one of these (any case) marks its value secret
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSW", "CREDENTIAL")
+#: the whole rule: the parts anywhere; AUTH too (HTTP_AUTH, AUTHORIZATION) but not
+#: AUTHOR (GIT_AUTHOR_NAME); PWD as a word after "_" (MYSQL_PWD), not PWD or OLDPWD
+#: (directories). Matched against the upper-cased name.
+SECRET_NAME = re.compile("|".join(SECRET_NAME_PARTS) + r"|AUTH(?!OR(?!IZ))|(?<=_)PWD(?![A-Z0-9])")
 MIN_FREE_TEXT_CHARS = 4
 
 _TOKEN = r"(?<![A-Za-z0-9_-])airw?_[A-Za-z0-9_-]{43}"
@@ -56,9 +64,10 @@ def is_secret_name(name: str) -> bool:
     Example:
         >>> is_secret_name("HF_TOKEN"), is_secret_name("db_password"), is_secret_name("LR")
         (True, True, False)
+        >>> is_secret_name("GITHUB_AUTH"), is_secret_name("GIT_AUTHOR_NAME")
+        (True, False)
     """
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
+    return SECRET_NAME.search(name.upper()) is not None
 
 
 def is_secret_env(name: str, value: str) -> bool:

@@ -197,13 +197,15 @@ def logs(
     from air_sdk.schema.events import EventType, LogBatch
 
     job = Job(make_client(gateway), job_id)
-    page = job.log_page(rank=rank, attempt=attempt, tail=tail)
-    for line in page.lines:
-        typer.echo(f"[rank {line.rank}] {line.text}")
+    last_seq = 0
+    for page in job.log_pages(rank=rank, attempt=attempt, tail=tail):  # bounded pages
+        for line in page.lines:
+            typer.echo(f"[rank {line.rank}] {line.text}")
+        last_seq = max(last_seq, page.last_seq)
     if not follow:
         return
     try:
-        for event in job.follow(after=page.last_seq):
+        for event in job.follow(after=last_seq):
             if event.type is not EventType.LOG:
                 continue
             if rank is not None and event.rank != rank:

@@ -316,27 +316,73 @@ class Job:
     # -- logs and metrics ----------------------------------------------------
 
     def log_page(
-        self, rank: int | None = None, attempt: int | None = None, tail: int | None = None
+        self,
+        rank: int | None = None,
+        attempt: int | None = None,
+        tail: int | None = None,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        limit: int | None = None,
     ) -> LogPage:
-        """Log lines and the event `last_seq` they cover (to follow on from there).
+        """One page of log lines and the event `last_seq` it ends at (to follow on from
+        there). The gateway bounds a page (about 10,000 lines or 4 MiB of text):
+        `page.more` says there is more; `logs()` and `log_pages()` page for you.
 
         Example:
             >>> page = job.log_page(tail=20)  # doctest: +SKIP
             >>> later = [e for e in job.follow(after=page.last_seq)]  # doctest: +SKIP
         """
-        params = {"rank": rank, "attempt": attempt, "tail": tail}
+        params = {
+            "rank": rank,
+            "attempt": attempt,
+            "tail": tail,
+            "after": after or None,
+            "before": before,
+            "limit": limit,
+        }
         return self.client._get(f"{self._path}/logs", LogPage, params)
+
+    def log_pages(
+        self, rank: int | None = None, attempt: int | None = None, tail: int | None = None
+    ) -> Iterator[LogPage]:
+        """Every page of the job's log lines, oldest first, so a caller can print them
+        as they come; with `tail`, the pages of the newest `tail` lines (fetched newest
+        first, yielded oldest first).
+
+        Example:
+            >>> for page in job.log_pages():  # doctest: +SKIP
+            ...     for line in page.lines:
+            ...         print(line.text)
+        """
+        if tail is None:
+            page = self.log_page(rank, attempt)
+            yield page
+            while page.more:
+                page = self.log_page(rank, attempt, after=page.last_seq)
+                yield page
+            return
+        pages = [self.log_page(rank, attempt, tail)]
+        wanted = tail - len(pages[0].lines)
+        while pages[-1].more and wanted > 0:
+            older = self.log_page(rank, attempt, wanted, before=pages[-1].first_seq)
+            if not older.lines:
+                break
+            pages.append(older)
+            wanted -= len(older.lines)
+        yield from reversed(pages)
 
     def logs(
         self, rank: int | None = None, attempt: int | None = None, tail: int | None = None
     ) -> list[LogLine]:
-        """Log lines of every rank (or one `rank`), all attempts unless `attempt` is given.
+        """Log lines of every rank (or one `rank`), all attempts unless `attempt` is given;
+        every line (page by page), or the newest `tail`.
 
         Example:
             >>> for line in job.logs(rank=0, tail=5):  # doctest: +SKIP
             ...     print(line.text)
         """
-        return self.log_page(rank=rank, attempt=attempt, tail=tail).lines
+        return [line for page in self.log_pages(rank, attempt, tail) for line in page.lines]
 
     def metrics(self, name: str | None = None, rank: int | None = None) -> list[MetricRow]:
         """Logged metric rows (one per `air.log` call), optionally one name or rank.
@@ -345,8 +391,15 @@ class Job:
             >>> [(row.step, row.values["loss"]) for row in job.metrics("loss")][-1]  # doctest: +SKIP
             (199, 0.0123)
         """
-        params = {"name": name, "rank": rank}
-        return self.client._get(f"{self._path}/metrics", MetricsPage, params).points
+        rows: list[MetricRow] = []
+        after = 0
+        while True:  # the gateway answers a bounded page at a time
+            params = {"name": name, "rank": rank, "after": after or None}
+            page = self.client._get(f"{self._path}/metrics", MetricsPage, params)
+            rows.extend(page.points)
+            if not page.more:
+                return rows
+            after = page.last_seq
 
     def checkpoints(self) -> CheckpointList:
         """Committed checkpoints (oldest first), ones restore passed over, and the step

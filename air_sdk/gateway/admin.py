@@ -18,10 +18,10 @@ tenant and the shared nodes.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 
 from air_sdk.gateway.app import (
     ERROR_RESPONSES,
@@ -31,6 +31,7 @@ from air_sdk.gateway.app import (
     Principal,
     SystemAdminDep,
 )
+from air_sdk.gateway.bodies import json_body, parse_model
 from air_sdk.schema import (
     NodeHealth,
     NodeHealthList,
@@ -42,11 +43,9 @@ from air_sdk.schema import (
     TokenInfo,
     TokenList,
 )
+from air_sdk.schema.names import NODE, TOKEN_ID, is_valid, shown
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=ERROR_RESPONSES)
-
-_TOKEN_ID = re.compile(r"^[0-9a-f]{32}$")
-_NODE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 def _tenant_or_404(ctx: GatewayContext, principal: Principal, tenant: str) -> str:
@@ -54,7 +53,9 @@ def _tenant_or_404(ctx: GatewayContext, principal: Principal, tenant: str) -> st
     if (not principal.is_system_admin and tenant != principal.tenant) or (
         ctx.store.get_tenant(tenant) is None
     ):
-        raise HTTPException(404, f"no tenant {tenant!r}: list yours with `air admin tenant list`")
+        raise HTTPException(
+            404, f"no tenant {shown(tenant)}: list yours with `air admin tenant list`"
+        )
     return tenant
 
 
@@ -66,8 +67,17 @@ def list_tenants(ctx: CtxDep, principal: AdminDep) -> TenantList:
     return TenantList(tenants=tenants)
 
 
-@router.post("/tenants", response_model=TenantInfo, status_code=201)
-def create_tenant(body: TenantCreate, ctx: CtxDep, _: SystemAdminDep) -> TenantInfo:
+@router.post(
+    "/tenants", response_model=TenantInfo, status_code=201, openapi_extra=json_body(TenantCreate)
+)
+async def create_tenant(request: Request, ctx: CtxDep, _: SystemAdminDep) -> TenantInfo:
+    # The body is read once the token is checked, and parsed off the event loop.
+    raw, content_type = await request.body(), request.headers.get("content-type")
+    return await run_in_threadpool(_create_tenant, ctx, raw, content_type)
+
+
+def _create_tenant(ctx: GatewayContext, raw: bytes, content_type: str | None) -> TenantInfo:
+    body = parse_model(TenantCreate, raw, content_type)
     info = ctx.store.create_tenant(body.name)
     if info is None:
         raise HTTPException(409, f"tenant {body.name!r} exists already")
@@ -88,9 +98,19 @@ def list_tokens(
     return TokenList(tokens=ctx.store.list_tokens(scope, include_revoked=include_revoked))
 
 
-@router.post("/tokens", response_model=TokenCreated, status_code=201)
-def create_token(body: TokenCreate, ctx: CtxDep, principal: AdminDep) -> TokenCreated:
+@router.post(
+    "/tokens", response_model=TokenCreated, status_code=201, openapi_extra=json_body(TokenCreate)
+)
+async def create_token(request: Request, ctx: CtxDep, principal: AdminDep) -> TokenCreated:
     """Issue a token; the answer is the only place its plaintext ever appears."""
+    raw, content_type = await request.body(), request.headers.get("content-type")
+    return await run_in_threadpool(_create_token, ctx, principal, raw, content_type)
+
+
+def _create_token(
+    ctx: GatewayContext, principal: Principal, raw: bytes, content_type: str | None
+) -> TokenCreated:
+    body = parse_model(TokenCreate, raw, content_type)
     tenant = _tenant_or_404(ctx, principal, body.tenant or principal.tenant)
     info, token = ctx.store.issue_token(tenant, body.role, body.name)
     return TokenCreated(info=info, token=token)
@@ -100,11 +120,13 @@ def create_token(body: TokenCreate, ctx: CtxDep, principal: AdminDep) -> TokenCr
 def revoke_token(token_id: str, ctx: CtxDep, principal: AdminDep) -> TokenInfo:
     """Revoke a token at once: its next request is a 401. Revoking twice is a no-op."""
     info = None
-    if _TOKEN_ID.match(token_id):
+    if is_valid(TOKEN_ID, token_id):
         scope = None if principal.is_system_admin else principal.tenant
         info = ctx.store.revoke_token(token_id, tenant=scope)
     if info is None:
-        raise HTTPException(404, f"no token {token_id!r}: list them with `air admin token list`")
+        raise HTTPException(
+            404, f"no token {shown(token_id)}: list them with `air admin token list`"
+        )
     return info
 
 
@@ -132,9 +154,9 @@ def list_nodes(ctx: CtxDep, _: SystemAdminDep) -> NodeHealthList:
 @router.post("/nodes/{name}/clear", response_model=NodeHealth)
 def clear_node(name: str, ctx: CtxDep, _: SystemAdminDep) -> NodeHealth:
     """Forget a node's failures, so the scheduler places jobs on it again at once."""
-    known = _node_health(ctx) if _NODE.match(name) else {}
+    known = _node_health(ctx) if is_valid(NODE, name) else {}
     if name not in known:
-        raise HTTPException(404, f"no node {name!r}: list them with `air admin node list`")
+        raise HTTPException(404, f"no node {shown(name)}: list them with `air admin node list`")
     ctx.store.clear_node_failures(name)
     ctx.runner.wake()
     return _node_health(ctx)[name]

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import air_sdk
+from air_sdk.gateway.bodies import add_body_schemas, describe_errors
 from air_sdk.gateway.options import SecurityOptions
 from air_sdk.gateway.security import install
 from air_sdk.runner import Runner
@@ -169,20 +170,20 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # One readable line per problem, naming the field, e.g. "resources.nodes: ..."
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
-            lines.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else err.get("msg", ""))
-        return JSONResponse({"detail": "; ".join(lines) or "invalid request"}, status_code=422)
+        # One readable line per problem, naming the field, e.g. "resources.nodes: ...";
+        # a bounded number of them, and never the input (see air_sdk.gateway.bodies).
+        return JSONResponse({"detail": describe_errors(exc.errors())}, status_code=422)
 
     app.include_router(routes.router)
     app.include_router(routes.worker_router)
     app.include_router(admin.router)
-    install(app, security or SecurityOptions())
+    install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
 
     @app.get("/v1/openapi.json", include_in_schema=False)
     def openapi(_: PrincipalDep) -> JSONResponse:
-        return JSONResponse(app.openapi())
+        if app.openapi_schema is None:
+            # Bodies that routes read themselves (`json_body`) need their schemas added.
+            app.openapi_schema = add_body_schemas(app.openapi())
+        return JSONResponse(app.openapi_schema)
 
     return app

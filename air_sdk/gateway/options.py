@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from air_sdk.errors import AirError
+from air_sdk.gateway_config import KIB as KIB
 from air_sdk.gateway_config import MIB as MIB
 from air_sdk.gateway_config import REPORT_PATH as REPORT_PATH
 from air_sdk.gateway_config import RateLimit, RequestLimits

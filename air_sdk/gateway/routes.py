@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -16,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import ValidationError
 
 import air_sdk
 from air_sdk.bundle import DEFAULT_MAX_BYTES, unpack_bundle
@@ -29,6 +29,7 @@ from air_sdk.gateway.app import (
     bearer_token,
     get_ctx,
 )
+from air_sdk.gateway.bodies import describe_validation_error, json_body, parse_model
 from air_sdk.planner.refusal import submit_refusal
 from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
@@ -53,21 +54,25 @@ from air_sdk.schema import (
     WorkerReport,
 )
 from air_sdk.schema.events import CheckpointRestore
+from air_sdk.schema.names import IDEMPOTENCY_KEY, JOB_ID, SHA256, is_valid, shown
 from air_sdk.store import IdempotencyConflict
+from air_sdk.store.pages import (
+    LOG_PAGE_LINES,
+    METRIC_PAGE_POINTS,
+    read_log_page,
+    read_metrics_page,
+)
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 worker_router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
-MAX_IDEMPOTENCY_KEY = 200
 SSE_POLL_S = 0.1
 
 
 def _job_or_404(ctx: CtxDep, principal: Principal, job_id: str) -> JobRecord:
-    job = ctx.store.get_job(job_id, tenant=principal.tenant) if _JOB_ID.match(job_id) else None
+    job = ctx.store.get_job(job_id, tenant=principal.tenant) if is_valid(JOB_ID, job_id) else None
     if job is None:
-        raise HTTPException(404, f"no job {job_id!r}: list yours with `air jobs`")
+        raise HTTPException(404, f"no job {shown(job_id)}: list yours with `air jobs`")
     return job
 
 
@@ -108,7 +113,7 @@ def _with_queue_position(ctx: CtxDep, job: JobRecord) -> JobRecord:
 
 
 def _sha_or_400(sha256: str) -> str:
-    if not _SHA256.match(sha256):
+    if not is_valid(SHA256, sha256):
         raise HTTPException(400, "a bundle id is the sha256 of its bytes: 64 lowercase hex digits")
     return sha256
 
@@ -179,16 +184,36 @@ def _check_bundle(path: str) -> int:
 # ---- jobs ---------------------------------------------------------------------------------
 
 
-@router.post("/jobs", response_model=JobRecord, status_code=201)
-def submit(
-    spec: JobSpec,
+@router.post("/jobs", response_model=JobRecord, status_code=201, openapi_extra=json_body(JobSpec))
+async def submit(
+    request: Request,
     response: Response,
     ctx: CtxDep,
     principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> JobRecord:
-    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-        raise HTTPException(400, f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters")
+    """Submit a JobSpec (the body). It is read once the token is checked and parsed in a
+    worker thread, so a huge or malformed body never holds the event loop."""
+    if idempotency_key is not None and not is_valid(IDEMPOTENCY_KEY, idempotency_key):
+        raise HTTPException(
+            400, "Idempotency-Key must be 1-200 printable ASCII characters (a uuid4 is fine)"
+        )
+    body = await request.body()
+    content_type = request.headers.get("content-type")
+    return await run_in_threadpool(
+        _submit, ctx, principal, body, content_type, idempotency_key, response
+    )
+
+
+def _submit(
+    ctx: GatewayContext,
+    principal: Principal,
+    body: bytes,
+    content_type: str | None,
+    idempotency_key: str | None,
+    response: Response,
+) -> JobRecord:
+    spec = parse_model(JobSpec, body, content_type)
     if spec.entrypoint is not None and spec.bundle_sha256 is None:
         raise HTTPException(
             400, "an entrypoint job needs its code: upload a bundle and set bundle_sha256"
@@ -320,22 +345,28 @@ def job_logs(
     principal: PrincipalDep,
     rank: Annotated[int | None, Query(ge=0)] = None,
     attempt: Annotated[int | None, Query(ge=1)] = None,
-    tail: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    tail: Annotated[int | None, Query(ge=1, le=100_000, description="The newest N lines")] = None,
+    after: Annotated[int, Query(ge=0, description="Lines of reports after this seq")] = 0,
+    before: Annotated[
+        int | None, Query(ge=1, description="With tail: lines of reports before this seq")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000, description="Lines per page, about")] = (
+        LOG_PAGE_LINES
+    ),
 ) -> LogPage:
+    """One page of log lines (about `limit` lines, at most ~4 MiB of text): page on with
+    `after=last_seq` while `more`; with `tail`, go back with `before=first_seq`."""
     _job_or_404(ctx, principal, job_id)
-    events = ctx.store.read_events(
+    return read_log_page(
+        ctx.store,
         job_id,
         after=after,
-        types=(EventType.LOG,),
+        before=before,
         rank=rank,
         attempt=attempt,
-        limit=100_000 if tail is None else tail,
-        newest_first=tail is not None,
+        tail=tail,
+        max_lines=limit,
     )
-    if tail is not None:
-        events.reverse()
-    return LogPage.from_events(events, after=after, tail=tail)
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsPage)
@@ -345,10 +376,14 @@ def job_metrics(
     principal: PrincipalDep,
     name: str | None = None,
     rank: Annotated[int | None, Query(ge=0)] = None,
+    after: Annotated[int, Query(ge=0, description="Points of reports after this seq")] = 0,
+    limit: Annotated[int, Query(ge=1, le=200_000, description="Points per page, about")] = (
+        METRIC_PAGE_POINTS
+    ),
 ) -> MetricsPage:
+    """One page of metric points: page on with `after=last_seq` while `more`."""
     _job_or_404(ctx, principal, job_id)
-    events = ctx.store.read_events(job_id, types=(EventType.METRICS,), rank=rank, limit=1_000_000)
-    return MetricsPage.from_events(events, name=name)
+    return read_metrics_page(ctx.store, job_id, after=after, name=name, rank=rank, max_points=limit)
 
 
 @router.get("/jobs/{job_id}/checkpoints", response_model=CheckpointList)
@@ -388,7 +423,7 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
     the attempt's worker token; posts of an older attempt are fenced off (409)."""
     ctx = get_ctx(request)
     token = bearer_token(request)
-    if token is None or not _JOB_ID.match(job_id):
+    if token is None or not is_valid(JOB_ID, job_id):
         raise HTTPException(401, "a worker report needs the attempt's AIR_JOB_TOKEN")
     body = await request.body()
     # One hop to a worker thread for the whole report: the profile of this route had
@@ -405,8 +440,8 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
         raise HTTPException(409, f"attempt {attempt} is no longer current; stop posting")
     try:
         report = WorkerReport.model_validate_json(body)
-    except ValueError as exc:
-        raise HTTPException(422, f"not a WorkerReport: {exc}") from exc
+    except ValidationError as exc:
+        raise HTTPException(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
     if report.lines or report.exit is not None or report.checkpoints:
         report = _scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
     for record in report.checkpoints:

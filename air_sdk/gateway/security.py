@@ -8,7 +8,8 @@ route added later is covered without a line of its own. From the outside in:
 TokenRedactionMiddleware   no AIR token leaves in an answer (but POST /v1/admin/tokens)
 HostCheckMiddleware        Host must be one this gateway serves: 400 (DNS rebinding)
 CORSMiddleware             only when origins are configured; none by default
-RateLimitMiddleware        token bucket per token (users, workers) or client: 429
+RateLimitMiddleware        token bucket per working token (users, workers), else per
+                           client address (no token, or failed authentication): 429
 BodySizeMiddleware         Content-Length / streamed bytes over the route's cap: 413
 FastAPI app                auth (bearer -> Principal), roles, tenancy: 401/403/404
 ```
@@ -23,9 +24,11 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +37,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from air_sdk.gateway.options import (
+    KIB,
     MIB,
     REPORT_PATH,
     RateLimit,
@@ -48,6 +52,7 @@ __all__ = [
     "RateLimitMiddleware",
     "RateLimiter",
     "TokenRedactionMiddleware",
+    "client_key",
     "install",
 ]
 
@@ -141,20 +146,31 @@ class RateLimiter:
         self._buckets: dict[object, tuple[float, float]] = {}  # key -> (tokens, updated)
 
     def acquire(self, key: object) -> float:
+        """Take one token if there is one: 0.0, else the seconds until there would be."""
+        wait = self.check(key)
+        if wait <= 0.0:
+            self.charge(key)
+        return wait
+
+    def check(self, key: object) -> float:
+        """The seconds until `key` has a token (0.0: now), taking none."""
+        tokens = self._tokens(key, self._clock())
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.limit.per_s
+
+    def charge(self, key: object) -> None:
+        """Take one token, into debt if need be (down to -burst): for a cost found out
+        after the request ran, such as a failed authentication."""
         # Called from the event loop thread only: no lock needed.
         now = self._clock()
-        rate, burst = self.limit.per_s, float(self.limit.burst)
-        tokens, updated = self._buckets.get(key, (burst, now))
-        tokens = min(burst, tokens + (now - updated) * rate)
-        if tokens >= 1.0:
-            self._buckets[key] = (tokens - 1.0, now)
-            wait = 0.0
-        else:
-            self._buckets[key] = (tokens, now)
-            wait = (1.0 - tokens) / rate
+        tokens = max(-float(self.limit.burst), self._tokens(key, now) - 1.0)
+        self._buckets[key] = (tokens, now)
         if len(self._buckets) > self._max_keys:
             self._evict(now)
-        return wait
+
+    def _tokens(self, key: object, now: float) -> float:
+        burst = float(self.limit.burst)
+        tokens, updated = self._buckets.get(key, (burst, now))
+        return min(burst, tokens + (now - updated) * self.limit.per_s)
 
     def _evict(self, now: float) -> None:
         # A bucket that would be full again is the same as no bucket.
@@ -165,15 +181,53 @@ class RateLimiter:
             self._buckets = dict(newest)
 
 
-class RateLimitMiddleware:
-    """429 with Retry-After for a caller over its rate: keyed by the token presented
-    (worker reports have their own, higher rate), else by client address."""
+def client_key(scope: Scope) -> str:
+    """The rate-limit key of a request's client: its address, an IPv6 one by its /64
+    (one host usually holds a whole /64), as the server saw it. Forwarded headers
+    count only when the server is told to trust the proxy that sets them (uvicorn's
+    `forwarded_allow_ips`, `GatewayOptions.trusted_proxies`).
 
-    def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
+    Example:
+        >>> client_key({"client": ("2001:db8::1", 5000)}), client_key({"client": ("10.0.0.7", 1)})
+        ('2001:db8::/64', '10.0.0.7')
+    """
+    host = str((scope.get("client") or ("?",))[0])
+    if ":" in host:
+        try:
+            return str(ipaddress.IPv6Network(f"{host}/64", strict=False))
+        except ValueError:
+            pass
+    return host
+
+
+class RateLimitMiddleware:
+    """429 with Retry-After for a caller over its rate.
+
+    A token that has been seen to work has a bucket of its own (worker reports a
+    separate, higher rate). Everything else counts against its client's address:
+    requests without a token when they arrive, and requests with a token nobody has
+    vouched for when they fail authentication (401). So a fresh random token per
+    request (the issue-14 probe) buys nothing: its 401s drain the address's bucket,
+    and past it each one is refused after one indexed lookup (`token_exists`), before
+    any route runs. A new real token costs its address nothing and is let through
+    even while its neighbours are refused."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: RequestLimits,
+        *,
+        token_exists: Callable[[str], bool] | None = None,
+        max_known_tokens: int = 10_000,
+    ) -> None:
         self.app = app
+        self._token_exists = token_exists
         self.users = RateLimiter(limits.user_rate) if limits.user_rate else None
         self.workers = RateLimiter(limits.worker_rate) if limits.worker_rate else None
         self.anonymous = RateLimiter(limits.anonymous_rate) if limits.anonymous_rate else None
+        #: digests of tokens answered with something other than 401, most recent last
+        self._known: OrderedDict[bytes, None] = OrderedDict()
+        self._max_known = max_known_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,18 +236,56 @@ class RateLimitMiddleware:
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""
-        limiter: RateLimiter | None
-        key: object
+        address = client_key(scope)
         if not token:
-            limiter, key, who = self.anonymous, str((scope.get("client") or ("?",))[0]), "client"
-        elif scope["method"] == "POST" and REPORT_PATH.match(scope["path"]):
-            limiter, key, who = self.workers, hashlib.sha256(token.encode()).digest(), "token"
-        else:
-            limiter, key, who = self.users, hashlib.sha256(token.encode()).digest(), "token"
-        wait = limiter.acquire(key) if limiter is not None else 0.0
-        if wait <= 0.0:
+            wait = self.anonymous.acquire(address) if self.anonymous else 0.0
+            if wait > 0.0:
+                await self._refuse(send, wait, "client address", self.anonymous)
+                return
             await self.app(scope, receive, send)
             return
+        digest = hashlib.sha256(token.encode()).digest()
+        known = digest in self._known
+        if known:
+            self._known.move_to_end(digest)
+        elif self.anonymous is not None:
+            # A token not seen to work yet: its address must have room for one more failure.
+            wait = self.anonymous.check(address)
+            if wait > 0.0 and not (self._token_exists and self._token_exists(token)):
+                await self._refuse(
+                    send, wait, "client address (failed authentications)", self.anonymous
+                )
+                return
+        is_report = scope["method"] == "POST" and REPORT_PATH.fullmatch(scope["path"])
+        limiter = self.workers if is_report else self.users
+        wait = limiter.acquire(digest) if limiter else 0.0
+        if wait > 0.0:
+            await self._refuse(send, wait, "token", limiter)
+            return
+        await self._run_and_learn(scope, receive, send, digest, None if known else address)
+
+    async def _run_and_learn(
+        self, scope: Scope, receive: Receive, send: Send, digest: bytes, address: str | None
+    ) -> None:
+        """Run the request; a 401 charges `address` (when given) and forgets the token,
+        any other answer vouches for it."""
+
+        async def watching_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if message["status"] == 401:
+                    self._known.pop(digest, None)
+                    if address is not None and self.anonymous is not None:
+                        self.anonymous.charge(address)
+                else:
+                    self._known[digest] = None
+                    if len(self._known) > self._max_known:
+                        self._known.popitem(last=False)
+            await send(message)
+
+        await self.app(scope, receive, watching_send)
+
+    @staticmethod
+    async def _refuse(send: Send, wait: float, who: str, limiter: RateLimiter | None) -> None:
         assert limiter is not None
         retry_after = max(1, math.ceil(wait))
         await _send_json(
@@ -262,7 +354,11 @@ class BodySizeMiddleware:
 
 
 def _size(num_bytes: int) -> str:
-    return f"{num_bytes / MIB:g} MiB" if num_bytes >= MIB else f"{num_bytes} bytes"
+    if num_bytes >= MIB:
+        return f"{num_bytes / MIB:g} MiB"
+    if num_bytes >= KIB and num_bytes % KIB == 0:
+        return f"{num_bytes // KIB} KiB"
+    return f"{num_bytes} bytes"
 
 
 class TokenRedactionMiddleware:
@@ -314,10 +410,13 @@ class TokenRedactionMiddleware:
         await self.app(scope, receive, redacting_send)
 
 
-def install(app: Any, options: SecurityOptions) -> None:
-    """Wrap `app` (a FastAPI/Starlette app) in the guards, outermost last."""
+def install(
+    app: Any, options: SecurityOptions, token_exists: Callable[[str], bool] | None = None
+) -> None:
+    """Wrap `app` (a FastAPI/Starlette app) in the guards, outermost last. `token_exists`
+    (the store's) lets a real token through while its address is refused."""
     app.add_middleware(BodySizeMiddleware, limits=options.limits)
-    app.add_middleware(RateLimitMiddleware, limits=options.limits)
+    app.add_middleware(RateLimitMiddleware, limits=options.limits, token_exists=token_exists)
     if options.cors_origins:
         app.add_middleware(
             CORSMiddleware,

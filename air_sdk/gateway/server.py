@@ -21,7 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from air_sdk.client import local_gateway
 from air_sdk.client.local_gateway import GatewayProcess, running_gateway, stop_detached
@@ -29,6 +29,7 @@ from air_sdk.config import write_client_config
 from air_sdk.errors import AirError
 from air_sdk.gateway.options import SecurityOptions, check_bind, is_loopback
 from air_sdk.gateway_config import OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
+from air_sdk.store.quota import JobQuotas
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -100,7 +101,11 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     )
     # Only this user reads the database, bundles and job files (made so when created).
     opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    store = SqliteStore(opts.home / "air.db")
+    quotas = JobQuotas(  # 0: no quota
+        max_log_bytes=opts.max_log_bytes_per_job or None,
+        max_metric_bytes=opts.max_metric_bytes_per_job or None,
+    )
+    store = SqliteStore(opts.home / "air.db", quotas=quotas)
     token = _ensure_token(store, opts.home)
     cluster = load_cluster(opts.cluster_file)
     backend = make_backend(opts, cluster)
@@ -171,22 +176,39 @@ def serve(opts: GatewayOptions) -> None:
             flush=True,
         )
     try:
-        uvicorn.run(
-            app,
-            host=opts.host,
-            port=opts.port,
-            log_level="warning",
-            access_log=False,
-            server_header=False,
-            ssl_certfile=str(opts.tls_cert) if opts.tls_cert else None,
-            ssl_keyfile=str(opts.tls_key) if opts.tls_key else None,
-        )
+        uvicorn.run(app, **uvicorn_options(opts))
     finally:
         try:
             if json.loads(state_path.read_text()).get("pid") == os.getpid():
                 state_path.unlink()
         except (OSError, ValueError):
             pass
+
+
+def uvicorn_options(opts: GatewayOptions) -> dict[str, Any]:
+    """What `serve` hands to uvicorn.run.
+
+    uvicorn believes X-Forwarded-For from 127.0.0.1 by default (`proxy_headers=True`,
+    `forwarded_allow_ips="127.0.0.1"`, or $FORWARDED_ALLOW_IPS): any local process
+    could then claim any client address, a fresh one per request, and never meet its
+    rate limit. Forwarded headers are read only from `opts.trusted_proxies`.
+
+    Example:
+        >>> uvicorn_options(GatewayOptions(home=Path("/tmp/h")))["proxy_headers"]
+        False
+    """
+    return {
+        "host": opts.host,
+        "port": opts.port,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "proxy_headers": bool(opts.trusted_proxies),
+        # Passed even when off: uvicorn's own default would read $FORWARDED_ALLOW_IPS.
+        "forwarded_allow_ips": list(opts.trusted_proxies) or ["127.0.0.1"],
+        "ssl_certfile": str(opts.tls_cert) if opts.tls_cert else None,
+        "ssl_keyfile": str(opts.tls_key) if opts.tls_key else None,
+    }
 
 
 def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProcess:

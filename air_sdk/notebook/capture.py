@@ -51,6 +51,7 @@ from typing import Any
 import cloudpickle
 
 from air_sdk.errors import SpecError
+from air_sdk.redact import is_secret_name
 
 __all__ = [
     "CELL_FILENAME",
@@ -96,10 +97,6 @@ _SHELL_NAMES = frozenset(
     }
 )
 _SHELL_NAME = re.compile(r"_(i{1,3}|i?\d+)|__\w+__")
-# Environment variables whose values are secrets: they must never ride in a pickle.
-_SECRET_ENV = re.compile(
-    r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH", re.IGNORECASE
-)
 _MIN_SECRET_CHARS = 6
 # Sizing walks at most this many objects, this deep: a lower bound, cheap on any value.
 _MAX_SIZED_OBJECTS = 10_000
@@ -647,7 +644,8 @@ def _global_names(value: Any, main_name: str) -> list[str]:
 
 def _refuse_secrets(payload: bytes, spans: Sequence[tuple[str, int, int]]) -> None:
     for key, secret in os.environ.items():
-        if len(secret) < _MIN_SECRET_CHARS or not _SECRET_ENV.search(key):
+        # Which names hold secrets is decided in one place, air_sdk.redact.
+        if len(secret) < _MIN_SECRET_CHARS or not is_secret_name(key):
             continue
         at = payload.find(secret.encode("utf-8", "surrogateescape"))
         if at < 0:

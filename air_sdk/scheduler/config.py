@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from air_sdk.scheduler.gang import ANY_POOL, NodeSpec
 from air_sdk.scheduler.policy import UNLIMITED, SchedulerPolicy, TenantQuota
+from air_sdk.schema.names import ACCELERATOR, NAME, NODE, is_valid, shown
 
 Priority = Literal["low", "normal", "high"]
 
@@ -46,6 +47,17 @@ class NodeEntry(_Model):
     count: int = Field(1, ge=1, le=100_000)
     healthy: bool = True
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _node_name_ok(cls, v: str) -> str:
+        # The name a route takes (`air admin node clear NAME`): the same rule holds here.
+        if not is_valid(NODE, v.replace("{i}", "0")):
+            raise ValueError(
+                f"node name {shown(v)} must be 1-128 of letters, digits, '.', '_' or '-'"
+                " ('{i}' numbers alike nodes)"
+            )
+        return v
 
     @field_validator("gpus")
     @classmethod
@@ -70,6 +82,21 @@ class PoolEntry(_Model):
     def _name_ok(cls, v: str) -> str:
         if v == ANY_POOL:
             raise ValueError("'any' is reserved (a job's pool = 'any' lets the scheduler choose)")
+        if not is_valid(NAME, v):
+            raise ValueError(
+                f"pool name {shown(v)} must be 1-63 of letters, digits, '.', '_' or '-',"
+                " starting with a letter or digit (jobs name it in `pool`)"
+            )
+        return v
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator_ok(cls, v: str) -> str:
+        if not is_valid(ACCELERATOR, v.lower()):
+            raise ValueError(
+                f"accelerator {shown(v)} must be 1-32 of letters, digits, '.', '_' or '-'"
+                " ('a100', 'h100', 'cpu')"
+            )
         return v
 
 

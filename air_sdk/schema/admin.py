@@ -16,27 +16,28 @@ Example:
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
+
+from air_sdk.schema._guards import WireModel
+from air_sdk.schema.names import TENANT, control_chars, is_valid, json_pattern, shown
 
 #: every role a token can have, least powerful first
 ROLES = ("viewer", "member", "admin")
 Role = Literal["viewer", "member", "admin"]
 
-TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 MAX_TOKEN_NAME_CHARS = 200
 
 
-class _Wire(BaseModel):
+class _Wire(WireModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def _check_tenant(v: str) -> str:
-    if not TENANT_NAME.match(v):
+    if not is_valid(TENANT, v):
         raise ValueError(
-            f"tenant {v!r} must be 1-63 characters of lowercase letters, digits, '_' or '-',"
+            f"tenant {shown(v)} must be 1-63 characters of lowercase letters, digits, '_' or '-',"
             " starting with a letter or digit"
         )
     return v
@@ -45,7 +46,7 @@ def _check_tenant(v: str) -> str:
 class TenantCreate(_Wire):
     name: str = Field(
         description="1-63 of [a-z0-9_-], starting with a letter or digit.",
-        json_schema_extra={"pattern": TENANT_NAME.pattern},
+        json_schema_extra={"pattern": json_pattern(TENANT)},
     )
 
     _name_ok = field_validator("name")(_check_tenant)
@@ -66,7 +67,7 @@ class TokenCreate(_Wire):
     tenant: str | None = Field(
         None,
         description="Default: the caller's own.",
-        json_schema_extra={"pattern": TENANT_NAME.pattern},
+        json_schema_extra={"pattern": json_pattern(TENANT)},
     )
     role: Role = "member"
     name: str = Field("", max_length=MAX_TOKEN_NAME_CHARS, description="A label for people.")
@@ -75,6 +76,16 @@ class TokenCreate(_Wire):
     @classmethod
     def _tenant_ok(cls, v: str | None) -> str | None:
         return None if v is None else _check_tenant(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        bad = control_chars(v)
+        if bad:
+            raise ValueError(
+                f"token name {shown(v)} holds a control character ({bad[0]!r}): use printable text"
+            )
+        return v
 
 
 class TokenInfo(_Wire):

@@ -14,8 +14,8 @@ Routes (all but `/v1/health` need `Authorization: Bearer <token>`):
 | GET    | /v1/jobs/{id}/attempts                       |                         | AttemptList  |
 | GET    | /v1/jobs/{id}/events                         | ?after=&limit=&wait=    | EventPage    |
 | GET    | /v1/jobs/{id}/events/stream                  | ?after= / Last-Event-ID | SSE of Event |
-| GET    | /v1/jobs/{id}/logs                           | ?rank=&attempt=&tail=   | LogPage      |
-| GET    | /v1/jobs/{id}/metrics                        | ?name=&rank=            | MetricsPage  |
+| GET    | /v1/jobs/{id}/logs                 | ?rank=&attempt=&after=&limit=&tail=&before= | LogPage |
+| GET    | /v1/jobs/{id}/metrics                        | ?name=&rank=&after=&limit= | MetricsPage |
 | GET    | /v1/jobs/{id}/checkpoints                    |                         | CheckpointList |
 | POST   | /v1/jobs/{id}/attempts/{n}/report            | WorkerReport (worker)   | 204          |
 | GET    | /v1/cluster                                  |                         | Inventory    |
@@ -27,7 +27,7 @@ missing one; every error body is an `ErrorBody`. See docs/security.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,7 +39,6 @@ from air_sdk.schema.events import (
     Event,
     FailureInfo,
     FailureKind,
-    LogBatch,
     MetricsBatch,
     Placement,
 )
@@ -147,30 +146,17 @@ class LogLine(_Wire):
 
 
 class LogPage(_Wire):
-    """Log lines, oldest first, and the event `last_seq` they cover (follow on from there).
-
-    Example:
-        >>> log = Event(seq=4, job_id="j", ts=0, type="log", attempt=1, rank=0, data={"lines": ["a", "b"]})
-        >>> LogPage.from_events([log], after=0, tail=1)
-        LogPage(lines=[LogLine(attempt=1, rank=0, text='b')], last_seq=4)
-    """
+    """A page of log lines, in order. Forward: pass `last_seq` as `after` for the next
+    page while `more`. With `tail`: the newest lines; while `more`, pass `first_seq` as
+    `before` for the older ones (`air_sdk.store.pages`)."""
 
     lines: list[LogLine]
+    #: the event sequence number of the newest line's report (follow on from here)
     last_seq: int
-
-    @classmethod
-    def from_events(
-        cls, events: Sequence[Event], *, after: int, tail: int | None = None
-    ) -> LogPage:
-        """The lines of `log` events (oldest first), only the last `tail` when given."""
-        lines = [
-            LogLine(attempt=e.attempt or 0, rank=e.rank or 0, text=text)
-            for e in events
-            for text in e.payload_as(LogBatch).lines
-        ]
-        if tail is not None:
-            lines = lines[-tail:]
-        return cls(lines=lines, last_seq=events[-1].seq if events else after)
+    #: ... and of the oldest one's
+    first_seq: int = 0
+    #: the page was cut by its size: there are more lines to ask for
+    more: bool = False
 
 
 class MetricRow(_Wire):
@@ -182,7 +168,8 @@ class MetricRow(_Wire):
 
 
 class MetricsPage(_Wire):
-    """Metric rows, one per logged point, optionally of one metric name.
+    """A page of metric points, in order: pass `last_seq` as `after` for the next one
+    while `more`.
 
     Example:
         >>> point = {"step": 1, "ts": 0.0, "values": {"loss": 2.0, "lr": 0.1}}
@@ -192,6 +179,8 @@ class MetricsPage(_Wire):
     """
 
     points: list[MetricRow]
+    last_seq: int = 0
+    more: bool = False
 
     @classmethod
     def from_events(cls, events: Iterable[Event], *, name: str | None = None) -> MetricsPage:

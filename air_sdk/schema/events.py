@@ -1,7 +1,9 @@
 """The per-job, append-only event log: what every reader (CLI, SDK, widget) folds.
 
 Each event has a per-job sequence number starting at 1 with no gaps, so a reader
-that reconnects asks for `after=<last seq it saw>` and misses nothing.
+that reconnects asks for `after=<last seq it saw>` and misses nothing. (The one
+exception: past a job's storage quota the oldest `log` and `metrics` events are
+deleted, and an `alert` of kind `quota` says so; see `air_sdk.store.quota`.)
 
 Every event type has one payload model here, and events are written and read
 through it (never as dicts by key):
@@ -37,6 +39,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from air_sdk.schema._guards import WireModel
 from air_sdk.schema.state import JobState
 
 MAX_POINTS_PER_REPORT = 10_000
@@ -57,7 +60,7 @@ class EventType(str, Enum):
     ALERT = "alert"
 
 
-class _Payload(BaseModel):
+class _Payload(WireModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
 
@@ -102,7 +105,7 @@ class RankExit(_Payload):
     exit_code: int | None = None
     signal: str | None = None
     oom_killed: bool = False
-    tail: list[str] = Field(default_factory=list)
+    tail: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES_PER_REPORT)
 
     @property
     def ok(self) -> bool:
@@ -191,6 +194,8 @@ class Alert(_Payload):
     kind: str
     detail: str = ""
     rank: int | None = None
+    #: the event type the alert is about (a `quota` alert: `log` or `metrics`)
+    of: str | None = None
 
 
 # ---- what workers report ------------------------------------------------------------------
@@ -455,7 +460,7 @@ class Event(BaseModel):
         return payload
 
 
-class WorkerReport(BaseModel):
+class WorkerReport(WireModel):
     """What a rank (its runtime or its supervisor) posts to the gateway, batched.
 
     Posted to `POST /v1/jobs/{job_id}/attempts/{attempt}/report` with the

@@ -5,7 +5,19 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from air_sdk.schema._guards import WireModel, bounded_mapping
+from air_sdk.schema.names import (
+    ACCELERATOR,
+    ENV_NAME,
+    NAME,
+    SHA256,
+    control_chars,
+    is_valid,
+    json_pattern,
+    shown,
+)
 
 API_VERSION = "air/v1"
 
@@ -29,9 +41,6 @@ RESERVED_ENV = frozenset(
 USER_AIR_ENV = frozenset(
     {"AIR_AUTOLOG", "AIR_PEAK_FLOPS", "AIR_MFU_DTYPE", "AIR_COUNT_FLOPS", "AIR_SAMPLE_INTERVAL_S"}
 )
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 MAX_ENV_VARS = 256
 MAX_ARGS = 1024
@@ -41,7 +50,7 @@ MAX_INLINE_CODE_BYTES = 1 << 20
 Priority = Literal["low", "normal", "high"]
 
 
-class _Frozen(BaseModel):
+class _Frozen(WireModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -241,6 +250,13 @@ class CheckpointSpec(_Frozen):
     every_steps: int | None = Field(None, ge=1, description="Hint for the training loop.")
     keep: int = Field(3, ge=1, le=1000, description="Committed checkpoints to keep.")
 
+    @field_validator("dir")
+    @classmethod
+    def _dir_ok(cls, v: str | None) -> str | None:
+        if v is not None and control_chars(v):
+            raise ValueError(f"checkpoint dir {shown(v)} holds control characters")
+        return v
+
 
 class FailurePolicySpec(_Frozen):
     """How the runner reacts to failures (the budget itself is `JobSpec.max_restarts`).
@@ -253,10 +269,13 @@ class FailurePolicySpec(_Frozen):
     backoff_base_s: float = Field(1.0, ge=0, le=3600, description="First restart delay.")
     backoff_max_s: float = Field(60.0, ge=0, le=86400, description="Longest restart delay.")
     non_retryable_exit_codes: list[int] = Field(
-        default_factory=list, description="A rank exiting with one of these fails the job at once."
+        default_factory=list,
+        max_length=256,
+        description="A rank exiting with one of these fails the job at once.",
     )
     non_retryable_patterns: list[str] = Field(
         default_factory=list,
+        max_length=256,
         description="Regexes; a failing rank whose log tail matches one fails the job at once.",
     )
     hang_timeout_s: float | None = Field(
@@ -298,16 +317,28 @@ class JobSpec(_Frozen):
     """
 
     api_version: Literal["air/v1"] = "air/v1"
-    name: str = Field("job", description="A label for people; 1-63 of [A-Za-z0-9._-].")
+    name: str = Field(
+        "job",
+        description="A label for people; 1-63 of [A-Za-z0-9._-].",
+        json_schema_extra={"pattern": json_pattern(NAME)},
+    )
     entrypoint: str | None = Field(None, description="Script path, relative to the bundle root.")
     code: str | None = Field(None, description="Inline Python source run on every rank.")
-    args: list[str] = Field(default_factory=list, description="argv after the script.")
+    args: list[str] = Field(
+        default_factory=list, max_length=MAX_ARGS, description="argv after the script."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra env for every rank.")
     resources: Resources = Field(default_factory=Resources)
-    pool: str = Field("default", description="Pool to run in; 'any' lets the scheduler choose.")
+    pool: str = Field(
+        "default",
+        description="Pool to run in; 'any' lets the scheduler choose.",
+        json_schema_extra={"pattern": json_pattern(NAME)},
+    )
     accelerator: str | None = Field(
         None,
-        pattern=r"^[a-z0-9][a-z0-9._-]{0,31}$",
+        # pydantic checks `pattern` with Rust's regex, where `$` is the end of the input
+        # only ("a100\n" is refused; a test holds it)
+        pattern=json_pattern(ACCELERATOR),
         description="Accelerator type to run on ('a100', 'h100', 'cpu'; 'gpu': any GPU);"
         " None: whatever the pool has.",
     )
@@ -335,10 +366,20 @@ class JobSpec(_Frozen):
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not is_valid(NAME, v):
             raise ValueError(
-                f"name {v!r} must be 1-63 characters of letters, digits, '.', '_' or '-',"
+                f"name {shown(v)} must be 1-63 characters of letters, digits, '.', '_' or '-',"
                 " starting with a letter or digit"
+            )
+        return v
+
+    @field_validator("pool")
+    @classmethod
+    def _pool_ok(cls, v: str) -> str:
+        if not is_valid(NAME, v):
+            raise ValueError(
+                f"pool {shown(v)} must be 1-63 characters of letters, digits, '.', '_' or"
+                " '-', or 'any' to let the scheduler choose"
             )
         return v
 
@@ -349,6 +390,8 @@ class JobSpec(_Frozen):
             return v
         if not v.strip():
             raise ValueError("entrypoint is empty: give a script path such as train.py")
+        if control_chars(v):
+            raise ValueError(f"entrypoint {shown(v)} holds control characters: give a script path")
         if v.startswith("/") or ".." in v.replace("\\", "/").split("/"):
             raise ValueError(
                 f"entrypoint {v!r} must be a path inside the bundle (relative, no '..')"
@@ -375,14 +418,23 @@ class JobSpec(_Frozen):
                 raise ValueError(f"an arg is over {MAX_ARG_CHARS} characters or holds a NUL byte")
         return v
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_size_ok(cls, v: object) -> object:
+        # Before the entries are validated: 700k bad entries would be 700k errors.
+        return bounded_mapping("env", v, MAX_ENV_VARS)
+
     @field_validator("env")
     @classmethod
     def _env_ok(cls, v: dict[str, str]) -> dict[str, str]:
         if len(v) > MAX_ENV_VARS:
             raise ValueError(f"{len(v)} env vars; the limit is {MAX_ENV_VARS}")
         for k, val in v.items():
-            if not _ENV_NAME.match(k):
-                raise ValueError(f"env name {k!r} is not a valid variable name")
+            if not is_valid(ENV_NAME, k):
+                raise ValueError(
+                    f"env name {shown(k)} is not a valid variable name: letters, digits"
+                    " and '_', not starting with a digit"
+                )
             if k in RESERVED_ENV or (k.startswith("AIR_") and k not in USER_AIR_ENV):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
@@ -392,7 +444,7 @@ class JobSpec(_Frozen):
     @field_validator("bundle_sha256")
     @classmethod
     def _sha_ok(cls, v: str | None) -> str | None:
-        if v is not None and not _SHA256.match(v):
+        if v is not None and not is_valid(SHA256, v):
             raise ValueError("bundle_sha256 must be 64 lowercase hex digits")
         return v
 

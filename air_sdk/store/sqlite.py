@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -40,12 +41,16 @@ from air_sdk.schema import (
 from air_sdk.schema.admin import ROLES
 from air_sdk.schema.events import event_type_of
 from air_sdk.schema.state import check_transition
+from air_sdk.store.quota import COUNTED, JobQuotas, QuotaKeeper, utf8_len
 from air_sdk.store.secret_env import SecretEnvStore
 
 #: the system tenant, created with the database; its admins manage every tenant
 DEFAULT_TENANT = "default"
 #: how long after an attempt ended its ranks may still post (last lines, exit records)
 ENDED_GRACE_S = 10.0
+#: an ended job's secret values stay in memory this much longer than the grace, so the
+#: last report accepted (checked a moment before it is scrubbed) still finds them
+_SECRETS_MARGIN_S = 5.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (
@@ -66,7 +71,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 0, num_restarts INTEGER NOT NULL DEFAULT 0,
     charged_restarts INTEGER NOT NULL DEFAULT 0,
     failure TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,
-    last_seq INTEGER NOT NULL DEFAULT 0, queue_order INTEGER NOT NULL);
+    last_seq INTEGER NOT NULL DEFAULT 0, queue_order INTEGER NOT NULL,
+    log_bytes INTEGER NOT NULL DEFAULT 0, metric_bytes INTEGER NOT NULL DEFAULT 0);
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_tenant_order ON jobs(tenant, queue_order);
 CREATE INDEX IF NOT EXISTS jobs_state_order ON jobs(state, queue_order);
@@ -77,6 +83,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     token_hash TEXT NOT NULL, started_at REAL NOT NULL, ended_at REAL,
     reason TEXT NOT NULL DEFAULT '', failure TEXT, resumed_from_step INTEGER,
     PRIMARY KEY (job_id, attempt));
+CREATE INDEX IF NOT EXISTS attempts_token ON attempts(token_hash);
 CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL, seq INTEGER NOT NULL, ts REAL NOT NULL, type TEXT NOT NULL,
     attempt INTEGER, rank INTEGER, data TEXT NOT NULL,
@@ -125,11 +132,14 @@ class SqliteStore:
         (True, <JobState.QUEUED: 'QUEUED'>)
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, quotas: JobQuotas | None = None) -> None:
         self.path = str(path)
+        self._quota = QuotaKeeper(quotas or JobQuotas())
         self._write_lock = threading.RLock()
         self._local = threading.local()
         self._memory = self.path == ":memory:"
+        if not self._memory:
+            _private_files(Path(self.path))
         self._writer = self._connect()
         # Secret env values never enter the database (see air_sdk.store.secret_env).
         self._secrets = SecretEnvStore(None if self._memory else Path(self.path).parent / "secrets")
@@ -138,6 +148,12 @@ class SqliteStore:
             columns = {r[1] for r in self._writer.execute("PRAGMA table_info(heartbeats)")}
             if "progress_ts" not in columns:  # a database from before progress tracking
                 self._writer.execute("ALTER TABLE heartbeats ADD COLUMN progress_ts REAL")
+            columns = {r[1] for r in self._writer.execute("PRAGMA table_info(jobs)")}
+            for column in COUNTED.values():  # a database from before the storage quotas
+                if column not in columns:
+                    self._writer.execute(
+                        f"ALTER TABLE jobs ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                    )
             self._writer.execute(
                 "INSERT OR IGNORE INTO tenants VALUES (?, ?, ?)",
                 (DEFAULT_TENANT, DEFAULT_TENANT, time.time()),
@@ -229,6 +245,23 @@ class SqliteStore:
         if not rows or not hmac.compare_digest(rows[0]["token_hash"], digest):
             return None
         return rows[0]["tenant"], rows[0]["role"]
+
+    def token_exists(self, token: str) -> bool:
+        """True for a live user token or any worker token (of any attempt): two indexed
+        lookups, for the rate limiter to tell a real token from a guessed one.
+
+        Example:
+            >>> store = SqliteStore(":memory:")
+            >>> store.token_exists(store.create_token()), store.token_exists("air_guess")
+            (True, False)
+        """
+        digest = hash_token(token)
+        rows = self._read(
+            "SELECT 1 FROM tokens WHERE token_hash = ? AND revoked_at IS NULL"
+            " UNION ALL SELECT 1 FROM attempts WHERE token_hash = ? LIMIT 1",
+            (digest, digest),
+        )
+        return bool(rows)
 
     def list_tokens(
         self, tenant: str | None = None, *, include_revoked: bool = False
@@ -405,7 +438,10 @@ class SqliteStore:
             self._append(c, job_id, change, attempt=row["attempt"] or None)
             row = c.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if state.terminal:
-            self._secrets.delete(job_id)  # nothing launches an ended job again
+            # Nothing launches an ended job again: its secrets file goes now. Its ranks
+            # may still post for ENDED_GRACE_S (see check_worker_token), and what they
+            # post must be scrubbed, so the values stay in memory until then.
+            self._secrets.retire(job_id, keep_s=ENDED_GRACE_S + _SECRETS_MARGIN_S)
         return self._job(row)
 
     def request_cancel(self, job_id: str) -> JobRecord:
@@ -509,22 +545,46 @@ class SqliteStore:
     def check_worker_token(
         self, job_id: str, attempt: int, token: str, *, ended_grace_s: float = ENDED_GRACE_S
     ) -> str:
-        """'ok', 'stale' (fenced: a real token of an older attempt, or of one that ended
-        more than `ended_grace_s` ago) or 'invalid'. The grace lets the last lines and
-        the exit record of a rank that just ended arrive."""
+        """'ok', 'stale' (fenced: a real token of an older attempt, or of an attempt
+        or job that ended more than `ended_grace_s` ago) or 'invalid'.
+
+        The grace lets the last lines and the exit record of a rank that just ended
+        arrive: refusing every report once the job ends would lose the lines a failing
+        rank printed last (its traceback), the ones a user reads first. So an ended
+        job's secret values stay in memory for the grace (`SecretEnvStore.retire`),
+        and what arrives is scrubbed like any report. When they are gone before the
+        grace is (the gateway restarted in between), the report is refused: it could
+        not be scrubbed, and nothing unscrubbed is ever stored."""
         rows = self._read(
-            "SELECT a.attempt, a.ended_at, j.attempt AS current FROM attempts a JOIN jobs j"
-            " ON j.id = a.job_id WHERE a.job_id = ? AND a.token_hash = ?",
+            "SELECT a.attempt, a.ended_at, j.attempt AS current, j.ended_at AS job_ended"
+            " FROM attempts a JOIN jobs j ON j.id = a.job_id"
+            " WHERE a.job_id = ? AND a.token_hash = ?",
             (job_id, hash_token(token)),
         )
         if not rows or rows[0]["attempt"] != attempt:
             return "invalid"
         if rows[0]["current"] != attempt:
             return "stale"
-        ended = rows[0]["ended_at"]
-        if ended is not None and time.time() - ended > ended_grace_s:
+        job_ended = rows[0]["job_ended"]
+        # A job can end without its attempt being closed (a runner that lost it):
+        # the job's end starts the grace too.
+        ends = [t for t in (rows[0]["ended_at"], job_ended) if t is not None]
+        if ends and time.time() - min(ends) > ended_grace_s:
+            return "stale"
+        if job_ended is not None and not self._secrets_at_hand(job_id):
             return "stale"
         return "ok"
+
+    def _secrets_at_hand(self, job_id: str) -> bool:
+        """False when the job has secret env values that this store no longer holds."""
+        rows = self._read("SELECT spec FROM jobs WHERE id = ?", (job_id,))
+        if not rows or REDACTED not in rows[0]["spec"]:
+            return True
+        env = JobSpec.model_validate_json(rows[0]["spec"]).env
+        # A non-secret value that is literally "***" counts too: refusing a late
+        # report of such a job after a restart is the safe mistake.
+        had_secrets = any(value == REDACTED for value in env.values())
+        return not had_secrets or bool(self._secrets.to_scrub(job_id))
 
     # ---- events -------------------------------------------------------------------------
 
@@ -594,23 +654,37 @@ class SqliteStore:
         now = time.time()
         with self._tx() as c:
             for payload in items:
-                seq = c.execute(
-                    "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
-                    (job_id,),
-                ).fetchone()[0]
+                etype = event_type_of(payload)
+                data_json = payload.model_dump_json()
+                column = COUNTED.get(etype)
+                if column is None:
+                    seq = c.execute(
+                        "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
+                        (job_id,),
+                    ).fetchone()[0]
+                else:  # the same statement keeps the job's byte count for its quota
+                    seq, used = c.execute(
+                        f"UPDATE jobs SET last_seq = last_seq + 1, {column} = {column} + ?"
+                        f" WHERE id = ? RETURNING last_seq, {column}",
+                        (utf8_len(data_json), job_id),
+                    ).fetchone()
                 c.execute(
                     "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_id,
                         seq,
                         now,
-                        event_type_of(payload).value,
+                        etype.value,
                         attempt,
                         rank,
-                        payload.model_dump_json(),
+                        data_json,
                     ),
                 )
                 self._last_seq[job_id] = seq
+                if column is not None:
+                    alert = self._quota.check(c, job_id, etype, used)
+                    if alert is not None:
+                        self._append(c, job_id, alert, attempt=attempt)
             c.execute(
                 "INSERT INTO heartbeats VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
                 " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts,"
@@ -656,7 +730,7 @@ class SqliteStore:
 
     def job_redactor(self, job_id: str, extra: tuple[str, ...] = ()) -> Redactor:
         """Scrubs `job_id`'s secret env values, `extra` values and any AIR token from text."""
-        return Redactor([*secret_values(self._secrets.get(job_id)), *extra])
+        return Redactor([*secret_values(self._secrets.to_scrub(job_id)), *extra])
 
     def _scrub_failure(self, job_id: str, failure: FailureInfo) -> FailureInfo:
         # Log tails and stacks come from the job's own output: keep its secrets out.
@@ -681,6 +755,7 @@ class SqliteStore:
         rank: int | None = None,
         attempt: int | None = None,
         newest_first: bool = False,
+        before: int | None = None,
     ) -> list[Event]:
         # With a type filter, SQLite's planner still picks the primary key and scans
         # every metrics row of the job (92% of a core at 3M points, measured); the
@@ -696,6 +771,9 @@ class SqliteStore:
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
+        if before is not None:
+            sql += " AND seq < ?"
+            args.append(before)
         sql += f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?"
         args.append(limit)
         return [
@@ -720,6 +798,24 @@ class SqliteStore:
         )
         n = rows[0][0] if rows else 0
         return n or None
+
+
+#: what SQLite keeps beside a database in WAL mode (and the rollback journal)
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _private_files(db: Path) -> None:
+    """Make the database 0600 before SQLite opens it, whatever the umask, and its side
+    files too. SQLite creates the -wal, -shm and -journal files later with the mode of
+    the database file itself (its unix VFS copies it), so they follow; chmod covers
+    files left by an older version of AIR that made them 0644."""
+    os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o600))
+    for path in (db, *(db.with_name(db.name + suffix) for suffix in _SIDE_FILES)):
+        try:
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+        except FileNotFoundError:
+            continue
 
 
 def _token_from_row(r: sqlite3.Row) -> TokenInfo:

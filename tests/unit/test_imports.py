@@ -70,7 +70,7 @@ RULES: dict[str, Rule] = {
         lazily="notebook.monitor",
         never=f"{SERVER} torch typer rich {NOTEBOOK_UI}",
     ),
-    "notebook": rule("notebook client schema errors", never=f"{SERVER} torch typer rich"),
+    "notebook": rule("notebook client schema errors redact", never=f"{SERVER} torch typer rich"),
     # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
     "cli": rule(
         "cli client schema errors config gateway_config",

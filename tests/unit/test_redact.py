@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from air_sdk.redact import (
@@ -15,17 +18,83 @@ from air_sdk.redact import (
 )
 from air_sdk.store.sqlite import new_token
 
+#: names every part of AIR must treat as secret: the union of the three lists AIR had
+#: before issue 15 (the store's, the notebook capture's and the renderer's)
+SECRET_NAMES = [
+    "WANDB_API_KEY",
+    "hf_token",
+    "AWS_SECRET_ACCESS_KEY",
+    "DB_PASSWORD",
+    "pg_passwd",
+    "AZURE_CREDENTIALS",
+    "SSH_PRIVATE_KEY",
+    "OPENAI_APIKEY",
+    "HTTP_AUTH",
+    "PROXY_AUTHORIZATION",
+    "MYSQL_PWD",
+]
+ORDINARY_NAMES = ["LR", "EPOCHS", "WORLD", "DATA_DIR", "GIT_AUTHOR_NAME", "PWD", "OLDPWD"]
 
-@pytest.mark.parametrize(
-    "name", ["WANDB_API_KEY", "hf_token", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "pg_passwd"]
-)
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
 def test_names_that_say_secret_are_secret(name):
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["LR", "EPOCHS", "WORLD", "DATA_DIR"])
+@pytest.mark.parametrize("name", ORDINARY_NAMES)
 def test_ordinary_names_are_not(name):
     assert not is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES + ORDINARY_NAMES)
+def test_every_part_of_air_follows_the_one_rule(name, monkeypatch, tmp_path):
+    """The store, the Kubernetes renderer and the notebook capture each decide on their
+    own whether an env var is secret; they must agree with `is_secret_name`."""
+    from air_sdk.manifests import K8sOptions, render_trainjob
+
+    from air_sdk.errors import SpecError
+    from air_sdk.notebook.capture import package_cell
+    from air_sdk.schema import JobSpec
+    from air_sdk.store import SqliteStore
+
+    secret = is_secret_name(name)
+    value = "value-of-the-variable-1234"
+    spec = JobSpec(code="print(1)", env={name: value})
+    # the store keeps a secret value out of its database
+    store = SqliteStore(tmp_path / "air.db")
+    job, _ = store.create_job(spec, tenant="default")
+    stored = store._read("SELECT spec FROM jobs WHERE id = ?", (job.id,))[0]["spec"]
+    assert (value not in stored) is secret
+    assert store.get_job(job.id).spec.env[name] == value  # the runner still gets it
+    # the renderer moves it into the Kubernetes Secret
+    script = JobSpec(entrypoint="train.py", env={name: value})
+    manifest = render_trainjob(script, K8sOptions(image="img:1"))
+    (entry,) = [e for e in manifest["spec"]["trainer"]["env"] if e["name"] == name]
+    assert ("valueFrom" in entry) is secret
+    # a notebook cell refuses to carry its value in the pickle
+    monkeypatch.setenv(name, value)
+    namespace = {"__name__": "__main__", "config": {"v": value}}
+    try:
+        package_cell("print(config)", namespace)
+    except SpecError as exc:
+        assert secret and f"${name}" in str(exc)
+    else:
+        assert not secret
+    # an answer shows it as ***
+    assert (redact_env({name: value})[name] == REDACTED) is secret
+
+
+def test_no_module_keeps_a_secret_name_list_of_its_own():
+    """One rule (issue 15): the words of the rule appear in air_sdk/redact.py only."""
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for path in [*root.joinpath("air_sdk").rglob("*.py"), *root.joinpath("magics").rglob("*.py")]:
+        if path.name == "redact.py":
+            continue
+        text = path.read_text()
+        if re.search(r"PASSW|CREDENTIAL", text):
+            offenders.append(str(path.relative_to(root)))
+    assert offenders == []
 
 
 def test_every_token_the_store_issues_matches_the_pattern():

@@ -9,6 +9,7 @@ attempt, and nobody (no token).
 from __future__ import annotations
 
 import itertools
+import secrets
 from typing import Any, NamedTuple
 
 import pytest
@@ -129,6 +130,28 @@ def test_authorization_matrix(world):
                 failures.append(f"{caller:9} {method} {path}: {r.status_code}, expected {expected}")
             if r.status_code >= 400 and method != "HEAD":
                 assert "detail" in r.json(), (caller, method, path, r.text)
+    assert not failures, "\n" + "\n".join(failures)
+
+
+def test_a_guessed_token_gets_what_nobody_gets_and_its_body_is_never_read(world):
+    """A well-formed but unknown token (the issue-14 probe sent a fresh one each time)
+    is treated as no token on every route; a write route does not parse its body (a
+    broken one is 401, not 422)."""
+    tenancy, params, body = world
+    guessed = tenancy.client(Authorization=f"Bearer air_{secrets.token_urlsafe(32)}")
+    failures = []
+    for method, template in sorted(app_routes(tenancy.app)):
+        path = template.format(**params)
+        expected = EXPECTED[(method, template)].anonymous
+        r = guessed.request(method, path, **body(method, template))
+        if r.status_code != expected:
+            failures.append(f"{method} {path}: {r.status_code}, expected {expected}")
+        if method in ("POST", "PUT") and expected == 401:
+            broken = guessed.request(
+                method, path, content=b"{not json", headers={"Content-Type": "application/json"}
+            )
+            if broken.status_code != 401:
+                failures.append(f"{method} {path} with a broken body: {broken.status_code}")
     assert not failures, "\n" + "\n".join(failures)
 
 

@@ -150,3 +150,78 @@ def test_an_air_token_in_a_plain_env_var_or_arg_is_redacted_in_answers(tenancy):
 def test_issuing_a_token_is_the_one_answer_that_shows_it(tenancy):
     r = tenancy.client("admin").post("/v1/admin/tokens", json={"role": "viewer"})
     assert r.status_code == 201 and TOKEN_PATTERN.fullmatch(r.json()["token"])
+
+
+# ---- reports that arrive after the job ended (issue 14, item 4) --------------------------
+
+
+def _ended_job_with_a_secret(tenancy, canary: str) -> tuple[str, int, str]:
+    job = tenancy.submit("owner", env={"WANDB_API_KEY": canary})
+    attempt, worker_token = tenancy.start(job["id"])
+    tenancy.store.end_attempt(job["id"], attempt, "failed")
+    tenancy.store.transition(job["id"], JobState.FAILED, "rank 0 failed")
+    return job["id"], attempt, worker_token
+
+
+def test_a_late_report_after_the_job_ended_is_still_scrubbed(tenancy, canary):
+    # The probe: the secrets file goes at the terminal state, but reports are accepted
+    # for a grace after it; a line with the secret posted then was stored in clear.
+    job_id, attempt, worker_token = _ended_job_with_a_secret(tenancy, canary)
+    assert not (Path(tenancy.home) / "secrets" / f"{job_id}.json").exists()  # off disk
+    worker = tenancy.client(Authorization=f"Bearer {worker_token}")
+    report = {"rank": 0, "lines": [f"last words: {canary}"], "exit": {"rank": 0, "tail": [canary]}}
+    r = worker.post(f"/v1/jobs/{job_id}/attempts/{attempt}/report", json=report)
+    assert r.status_code == 204, r.text
+    logs = tenancy.client("owner").get(f"/v1/jobs/{job_id}/logs").json()["lines"]
+    assert [line["text"] for line in logs] == ["last words: ***"]
+    events = tenancy.client("owner").get(f"/v1/jobs/{job_id}/events").text
+    assert canary not in events
+    for f in Path(tenancy.home).glob("air.db*"):
+        assert canary.encode() not in f.read_bytes(), f.name
+
+
+def test_a_report_after_the_grace_is_refused(tenancy, canary, monkeypatch):
+    import air_sdk.store.sqlite as sqlite_store
+
+    job_id, attempt, worker_token = _ended_job_with_a_secret(tenancy, canary)
+    later = sqlite_store.time.time() + sqlite_store.ENDED_GRACE_S + 1
+    monkeypatch.setattr(sqlite_store.time, "time", lambda: later)
+    worker = tenancy.client(Authorization=f"Bearer {worker_token}")
+    r = worker.post(
+        f"/v1/jobs/{job_id}/attempts/{attempt}/report",
+        json={"rank": 0, "lines": [f"too late: {canary}"]},
+    )
+    assert r.status_code == 409 and "stop posting" in r.json()["detail"]
+
+
+def test_a_late_report_that_could_not_be_scrubbed_is_refused(tenancy, canary):
+    # A gateway restarted within the grace no longer holds the ended job's secret values
+    # (its file went at the end): the report is refused rather than stored in clear.
+    from air_sdk.store import SqliteStore
+
+    job_id, attempt, worker_token = _ended_job_with_a_secret(tenancy, canary)
+    restarted = SqliteStore(tenancy.store.path)
+    assert restarted.check_worker_token(job_id, attempt, worker_token) == "stale"
+    # a job without secrets still gets its last lines in after a restart
+    plain = tenancy.submit("owner", env={"LR": "0.1"})
+    plain_attempt, plain_token = tenancy.start(plain["id"])
+    tenancy.store.transition(plain["id"], JobState.SUCCEEDED, "done")
+    restarted = SqliteStore(tenancy.store.path)
+    assert restarted.check_worker_token(plain["id"], plain_attempt, plain_token) == "ok"
+
+
+def test_an_ended_jobs_secrets_leave_memory_after_the_grace():
+    from air_sdk.store.secret_env import SecretEnvStore
+
+    now = [0.0]
+    vault = SecretEnvStore(None, clock=lambda: now[0])
+    vault.put("j-1", {"API_KEY": "k-1234"})
+    vault.retire("j-1", keep_s=15)
+    now[0] = 14.0
+    assert vault.to_scrub("j-1") == {"API_KEY": "k-1234"}
+    assert vault.get("j-1") == {}  # what the runner reads: nothing launches it again
+    now[0] = 16.0
+    vault.put("j-2", {"API_KEY": "k-5678"})
+    vault.retire("j-2", keep_s=15)
+    assert list(vault._retired) == ["j-2"]  # j-1's time was up: dropped, unasked
+    assert vault.to_scrub("j-1") == {}

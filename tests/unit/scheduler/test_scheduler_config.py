@@ -87,6 +87,11 @@ def test_loaded_config_drives_decide(tmp_path):
         ("[scheduler]\nfair_share = 'lottery'\n", "scheduler.fair_share"),
         ("[[pools]]\nname = 'p'\nnode = []\n", "pools.0.node"),
         ("[[pools\n", "not valid TOML"),
+        # names a job or `air admin node clear` could not give (issue 14)
+        ('[[pools]]\nname = "gpu\\n"\n', "pool name 'gpu\\\\n'"),
+        ('[[pools]]\nname = "gpu pool"\n', "pools.0.name"),
+        ('[[pools]]\nname = "p"\naccelerator = "a100\\n"\n', "accelerator"),
+        ('[[pools]]\nname = "p"\n[[pools.nodes]]\nname = "n\\t{i}"\n', "node name"),
     ],
 )
 def test_bad_config_names_the_field(text, message):
