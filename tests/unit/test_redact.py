@@ -50,9 +50,8 @@ def test_ordinary_names_are_not(name):
 def test_every_part_of_air_follows_the_one_rule(name, monkeypatch, tmp_path):
     """The store, the Kubernetes renderer and the notebook capture each decide on their
     own whether an env var is secret; they must agree with `is_secret_name`."""
-    from air_sdk.manifests import K8sOptions, render_trainjob
-
     from air_sdk.errors import SpecError
+    from air_sdk.manifests import K8sOptions, render_trainjob
     from air_sdk.notebook.capture import package_cell
     from air_sdk.schema import JobSpec
     from air_sdk.store import SqliteStore
