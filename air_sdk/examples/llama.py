@@ -365,8 +365,9 @@ def synthetic_batch(
     config: LlamaConfig, *, batch_size: int, seq_len: int, step: int, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, next-token targets) of shape (batch_size, seq_len) for `step`, the same
-    on every call: sequences of a fixed affine recurrence mod `vocab_size` from random
-    starts, so the loss falls quickly. Ranks take their rows of the same global batch.
+    on every call: each row follows one fixed permutation of the vocabulary
+    (`t -> 5 t + 1 mod vocab_size`) from a random start, so a model learns it in tens
+    of steps. Ranks take their rows of the same global batch.
 
     Example:
         >>> tokens, targets = synthetic_batch(LlamaConfig(), batch_size=1, seq_len=4, step=0)
@@ -376,10 +377,10 @@ def synthetic_batch(
     if seq_len > config.max_seq_len:
         raise ValueError(f"seq_len={seq_len} exceeds max_seq_len={config.max_seq_len}")
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    start = torch.randint(0, config.vocab_size, (batch_size, 1), generator=gen)
-    mult = torch.randint(1, 8, (batch_size, 1), generator=gen) * 2 + 1
-    positions = torch.arange(seq_len + 1).view(1, -1)
-    seq = (start + mult * positions * (positions + 1) // 2) % config.vocab_size
+    seq = torch.empty(batch_size, seq_len + 1, dtype=torch.long)
+    seq[:, 0] = torch.randint(0, config.vocab_size, (batch_size,), generator=gen)
+    for i in range(seq_len):
+        seq[:, i + 1] = (5 * seq[:, i] + 1) % config.vocab_size
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 

@@ -20,7 +20,7 @@ from air_sdk.examples.llama import LlamaConfig, build_llama, loss_fn, synthetic_
 
 pytestmark = pytest.mark.slow
 
-STEPS, BATCH, SEQ, LR = 5, 8, 16, 0.3
+STEPS, BATCH, SEQ, LR = 5, 8, 16, 0.1
 
 # Every rank takes its rows of one fixed global batch (the model memorizes it, so the
 # loss falls visibly) and plain SGD: unlike Adam, SGD keeps a wrongly scaled gradient
@@ -28,6 +28,7 @@ STEPS, BATCH, SEQ, LR = 5, 8, 16, 0.3
 TRAIN = f"""
 import sys
 import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict
 import air_sdk.runtime as air
 from air_sdk.examples.llama import LlamaConfig, build_llama, loss_fn, synthetic_batch
 
@@ -56,6 +57,12 @@ for naming in ("hf", "titan"):
         optimizer.step()
         optimizer.zero_grad()
         air.log(step=step, **{{"loss_" + naming: air.dp_mean(loss)}})
+    # what a checkpoint saves: the plain model's names, this rank's stages' under PP
+    parts = pipe.model_parts if layout.pp > 1 else [model]
+    keys = set().union(*(get_state_dict(part, [])[0] for part in parts))
+    whole = set(build_llama(config).state_dict())
+    assert keys == whole if layout.pp == 1 else keys < whole, sorted(keys ^ whole)[:4]
+    print(f"rank {{ctx.rank}} {{naming}}: state dict of {{len(keys)}} keys", flush=True)
 print(f"rank {{ctx.rank}} done: {{layout.sizes()}}", flush=True)
 air.shutdown()
 """
@@ -72,8 +79,8 @@ LAYOUTS = {
 # reductions over 2-4 ranks, TP's split matmuls, microbatch means), so the last bits
 # differ: measured here, every layout's losses were within 4.8e-7 of the reference
 # over the 5 steps (one float32 ulp at 5.5). 2e-5 leaves 40x room for other CPUs' math
-# libraries; a real fault moves the loss by 1e-2 or more (training with a 1.7x gradient
-# scale, lr 0.5 instead of 0.3, changes step 2's loss by 0.02).
+# libraries; a real fault moves the loss by 1e-2 or more (a 2x gradient scale, as lr 0.2
+# instead of 0.1, changes step 2's loss by 0.06).
 TOLERANCE = 2e-5
 
 
@@ -129,6 +136,7 @@ def test_a_parallel_layout_logs_the_reference_losses(
     assert record.state is JobState.SUCCEEDED, (record.state_reason, logs[-3000:])
     sizes = layout.resolve(4).sizes()
     assert f"rank 0 done: {sizes}" in logs
+    assert logs.count(": state dict of ") == 8  # 4 ranks x 2 namings
     for naming, expected in references.items():
         rows = job.metrics(name=f"loss_{naming}")
         assert {row.rank for row in rows} == {0, 1, 2, 3}

@@ -232,11 +232,14 @@ def _apply_compile(model: nn.Module, blocks: Blocks) -> None:
 
 
 def _fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    # Without CP, the plain dims (a slice of the root mesh, as torchtitan's hand-written
+    # code uses): FSDP's parameters then live on a (dp_shard, tp) mesh that is a plain
+    # slice too. The flattened dp_shard_cp only when CP joins the shard dim.
     layout = layout_of(mesh)
+    if layout.cp == 1:
+        return mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else mesh["dp_shard"]
     if layout.dp_replicate == 1:
         return submesh("dp_shard_cp", mesh)
-    if layout.cp == 1:
-        return mesh["dp_replicate", "dp_shard"]
     with warnings.catch_warnings():  # HSDP with CP: the flattened name sliced with a plain one
         warnings.simplefilter("ignore", UserWarning)
         return mesh["dp_replicate", "dp_shard_cp"]

@@ -63,18 +63,25 @@ class GatherSequence(ParallelStyle):
     or else the keyword `hidden_states` or `x`; other arguments pass unchanged, so it
     fits attention modules whatever else they take (rotary tables, masks).
 
+    Like torchtitan's `PrepareModuleInput`, the module gets a replicated DTensor (not
+    a local tensor, unless `use_local_output=True`): the column-wise projections
+    inside then return partial input gradients that are summed before one
+    reduce-scatter, instead of one all-reduce each.
+
     Example:
         >>> from torch.distributed.tensor.parallel import ColwiseParallel
         >>> plan = {"layers.*.attention": GatherSequence(), "layers.*.attention.wq": ColwiseParallel()}
     """
 
-    def __init__(self, seq_dim: int = 1) -> None:
+    def __init__(self, seq_dim: int = 1, use_local_output: bool = False) -> None:
         self.seq_dim = seq_dim
+        self.use_local_output = use_local_output
 
     def _gather(self, tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         if not isinstance(tensor, DTensor):
-            tensor = DTensor.from_local(tensor, mesh, [Shard(self.seq_dim)], run_check=False)
-        return tensor.redistribute(mesh, [Replicate()]).to_local()
+            tensor = DTensor.from_local(tensor, mesh, (Shard(self.seq_dim),), run_check=False)
+        gathered = tensor.redistribute(mesh, (Replicate(),))
+        return gathered.to_local() if self.use_local_output else gathered
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def hook(
@@ -94,7 +101,7 @@ class GatherSequence(ParallelStyle):
         return module
 
     def __repr__(self) -> str:
-        return f"GatherSequence(seq_dim={self.seq_dim})"
+        return f"GatherSequence(seq_dim={self.seq_dim}, use_local_output={self.use_local_output})"
 
 
 @dataclass(frozen=True)

@@ -63,3 +63,11 @@ def test_bad_configs_are_refused(fields, message):
 
 def test_the_docstring_examples_run():
     assert doctest.testmod(llama, raise_on_error=False).failed == 0
+
+
+def test_the_training_example_runs_and_learns_on_one_rank(gloo_world):
+    from air_sdk.examples import train_llama
+
+    first = train_llama.main(["--steps", "1", "--seq-len", "16"])
+    last = train_llama.main(["--steps", "30", "--seq-len", "16", "--naming", "hf"])
+    assert last < first - 0.5

@@ -197,3 +197,23 @@ def test_parallelize_refusals_say_what_to_change(fake_world):
         air.parallelize(build_llama(LlamaConfig()), mixed_precision="fp16")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"activation_checkpointing='op': use False, True"):
         air.parallelize(build_llama(LlamaConfig()), activation_checkpointing="op")  # type: ignore[arg-type]
+
+
+def test_state_dict_keys_stay_the_plain_models_under_tp_fsdp_and_ac(fake_world):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from air_sdk.examples.llama import loss_fn, synthetic_batch
+
+    fake_world(4)
+    air.mesh(Parallelism(tp=2))
+    config = LlamaConfig(naming="hf", n_kv_heads=2)
+    model = air.parallelize(build_llama(config), activation_checkpointing=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens, targets = synthetic_batch(config, batch_size=2, seq_len=8, step=0)
+    loss_fn(model(tokens), targets).backward()
+    optimizer.step()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    plain = set(build_llama(config).state_dict())
+    assert set(model_state) == plain
+    assert set(optim_state["state"]) == plain  # AdamW state per parameter, same names
+    assert isinstance(model_state["model.layers.0.self_attn.q_proj.weight"], DTensor)
