@@ -168,7 +168,7 @@ def _apply_tp(
     if tp_plan is None:
         plan, scheme = builtin_plan(model, blocks, stage=stage, scheme=scheme)
     else:
-        plan = expand_plan(model, tp_plan, strict=not stage)
+        plan = expand_plan(model, tp_plan, stage=stage)
     check_coverage(model, plan, tp)
     if scheme is not None and blocks.names:
         q_path = f"{blocks.paths()[0]}.{scheme.attention}.{scheme.qkv[0]}"

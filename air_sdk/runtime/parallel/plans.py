@@ -269,11 +269,12 @@ def _matches(pattern: str, path: str) -> bool:
 
 
 def expand_plan(
-    model: nn.Module, plan: Plan, *, strict: bool = True
+    model: nn.Module, plan: Plan, *, stage: bool = False
 ) -> dict[str, ParallelStyle | None]:
     """A user's plan with every key (`*` for one path segment) replaced by the concrete
-    module paths it matches. Raises ConfigError for a key that matches nothing
-    (`strict=False`: a pipeline stage, which holds only part of the model).
+    module paths it matches. Raises ConfigError for a key that matches nothing, except
+    on a pipeline stage (`stage=True`), which holds only part of the model: there keys
+    may match nothing, and the modules the stage dropped (`nn.Identity`) are skipped.
 
     Example:
         >>> import torch.nn as nn
@@ -281,7 +282,11 @@ def expand_plan(
         >>> sorted(expand_plan(model, {"*": None}))
         ['0', '1']
     """
-    paths = [path for path, _ in model.named_modules() if path]
+    paths = [
+        path
+        for path, module in model.named_modules()
+        if path and not (stage and isinstance(module, nn.Identity))
+    ]
     expanded: dict[str, ParallelStyle | None] = {}
     for pattern, style in plan.items():
         if style is not None and not isinstance(style, ParallelStyle):
@@ -290,7 +295,7 @@ def expand_plan(
                 " (ColwiseParallel(), RowwiseParallel(), SequenceParallel(), ...) or None"
             )
         hits = [path for path in paths if _matches(pattern, path)]
-        if not hits and strict:
+        if not hits and not stage:
             sample = ", ".join(paths[:6])
             raise ConfigError(
                 f"tp_plan key {pattern!r} matches no module of {type(model).__name__}"

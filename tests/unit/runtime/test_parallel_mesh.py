@@ -85,3 +85,43 @@ def test_dp_mean_averages_over_the_data_parallel_ranks(gloo_world):
     air.mesh()
     assert air.dp_mean(torch.tensor(2.5)) == 2.5
     assert air.dp_mean(1) == 1.0
+
+
+def test_mesh_joins_the_group_itself_and_is_rebuilt_after_shutdown(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from test_runtime_dist import bare_env
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json
+            import torch.distributed as dist
+            import air_sdk.runtime as air
+
+            first = air.mesh()  # no air.init(): mesh() joins a 1-process group itself
+            seen = {"initialized": dist.is_initialized(), "dims": list(first.mesh_dim_names),
+                    "same": air.mesh() is first}
+            air.shutdown()  # the group goes, and the meshes made on it with it
+            second = air.mesh()
+            seen["rebuilt"] = second is not first and air.submesh("dp").size() == 1
+            air.shutdown()
+            print(json.dumps(seen))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=bare_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "initialized": True,
+        "dims": ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
+        "same": True,
+        "rebuilt": True,
+    }

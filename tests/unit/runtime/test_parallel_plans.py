@@ -217,3 +217,31 @@ def test_state_dict_keys_stay_the_plain_models_under_tp_fsdp_and_ac(fake_world):
     assert set(model_state) == plain
     assert set(optim_state["state"]) == plain  # AdamW state per parameter, same names
     assert isinstance(model_state["model.layers.0.self_attn.q_proj.weight"], DTensor)
+
+
+def test_a_pipeline_takes_a_user_plan_checked_against_the_whole_model(fake_world):
+    from air_sdk.examples.llama import loss_fn
+
+    fake_world(4)
+    air.mesh(Parallelism(pp=2, tp=2))
+    model = build_llama(LlamaConfig(n_kv_heads=2))
+    plan = air.parallel.builtin_tp_plan(model)  # concrete paths of every stage's blocks
+    pipe = air.pipeline(model, microbatches=2, loss_fn=loss_fn, tp_plan=plan)
+    (part,) = pipe.model_parts  # rank 0: stage 0 of 2
+    assert [name for name, _ in part.layers.named_children()] == ["0", "1"]
+    assert isinstance(part.layers[1].attention.wq.weight, DTensor)
+    assert part.layers[0].attention.n_heads == 2  # 4 heads over tp=2
+    assert type(part.output).__name__ == "Identity"
+    with pytest.raises(ConfigError, match=r"tp_plan key 'layers.\*.attn.wq' matches no module"):
+        air.pipeline(model, microbatches=2, loss_fn=loss_fn, tp_plan={"layers.*.attn.wq": None})
+
+
+def test_too_few_microbatches_for_the_schedule_are_refused(fake_world):
+    from air_sdk.examples.llama import loss_fn
+
+    fake_world(2)
+    air.mesh(Parallelism(pp=2))
+    with pytest.raises(
+        ConfigError, match=r"1F1B with 2 stages and microbatches=1: .*change microbatches"
+    ):
+        air.pipeline(build_llama(LlamaConfig()), microbatches=1, loss_fn=loss_fn)
