@@ -50,6 +50,10 @@ def context_parallel(
         from air_sdk.runtime.parallel.meshes import mesh as current_mesh
 
         mesh = current_mesh()
+    if seq_dims is not None and len(seq_dims) != len(buffers):
+        raise ConfigError(
+            f"{len(buffers)} buffers but {len(seq_dims)} seq_dims: give one per buffer"
+        )
     cp = layout_of(mesh).cp
     if mesh.device_type != "cuda":
         raise ConfigError(
@@ -57,10 +61,6 @@ def context_parallel(
             " handles the CUDA SDPA kernels, and on CPU each rank would attend only to its"
             " own chunk of the sequence; on CPU keep cp=1 and run without"
             " air.context_parallel(...)"
-        )
-    if seq_dims is not None and len(seq_dims) != len(buffers):
-        raise ConfigError(
-            f"{len(buffers)} buffers but {len(seq_dims)} seq_dims: give one per buffer"
         )
     if cp == 1:
         yield

@@ -54,11 +54,17 @@ def test_the_loss_falls_when_it_trains():
         ({"naming": "gpt"}, "naming='gpt': use 'hf' or 'titan'"),
         ({"dim": 60, "n_heads": 8}, "dim=60 is not a multiple of n_heads=8"),
         ({"n_heads": 4, "n_kv_heads": 3}, "n_heads=4 is not a multiple of n_kv_heads=3"),
+        ({"dim": 12, "n_heads": 4}, "head_dim=3 must be even for rotary"),
     ],
 )
 def test_bad_configs_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         LlamaConfig(**fields)
+
+
+def test_batches_longer_than_the_rotary_table_are_refused():
+    with pytest.raises(ValueError, match="seq_len=300 exceeds max_seq_len=256"):
+        synthetic_batch(LlamaConfig(), batch_size=1, seq_len=300, step=0)
 
 
 def test_the_docstring_examples_run():

@@ -117,3 +117,11 @@ def test_the_docstring_examples_of_the_parallel_room_run():
 
     for module in (apply, blocks, context, meshes, pipelines, plans):
         assert doctest.testmod(module, raise_on_error=False).failed == 0, module.__name__
+
+
+def test_stage_counts_and_indices_out_of_range_are_refused():
+    model = build_llama(LlamaConfig(n_layers=2))
+    with pytest.raises(ConfigError, match=r"num_stages=0: give at least 1"):
+        split_stages(model, 0)
+    with pytest.raises(ConfigError, match=r"stage 2 of 2: no such stage"):
+        build_stage(model, split_stages(model, 2), 2)

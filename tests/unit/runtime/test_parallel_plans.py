@@ -245,3 +245,30 @@ def test_too_few_microbatches_for_the_schedule_are_refused(fake_world):
         ConfigError, match=r"1F1B with 2 stages and microbatches=1: .*change microbatches"
     ):
         air.pipeline(build_llama(LlamaConfig()), microbatches=1, loss_fn=loss_fn)
+
+
+def test_the_builtin_plan_needs_the_embedding_and_the_head(fake_world):
+    fake_world(2)
+    air.mesh(Parallelism(tp=2))
+    model = build_llama(LlamaConfig(n_layers=1))
+    model.output = nn.Identity()  # a backbone without its head
+    with pytest.raises(
+        ConfigError,
+        match=r"built-in titan tensor-parallel plan needs the output head 'output' next to 'layers' or on the model, and TitanLlama has none: pass tp_plan=",
+    ):
+        air.parallelize(model)
+
+
+def test_gather_sequence_names_a_module_called_without_a_tensor(fake_world):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    fake_world(2)
+    air.mesh(Parallelism(tp=2))
+
+    class TakesNoTensor(nn.Module):
+        def forward(self, n: int) -> int:
+            return n
+
+    module = parallelize_module(TakesNoTensor(), air.submesh("tp"), GatherSequence())
+    with pytest.raises(ConfigError, match=r"GatherSequence on TakesNoTensor: no tensor input"):
+        module(3)

@@ -103,3 +103,12 @@ def test_compiled_blocks_train_like_the_plain_model(gloo_world):
     torch.testing.assert_close(loss.detach(), expected_loss, rtol=1e-5, atol=1e-5)
     state, _ = get_state_dict(model, [])
     assert set(state) == set(build_llama(CONFIG).state_dict())
+
+
+def test_context_parallel_wants_one_seq_dim_per_buffer(gloo_world):
+    tokens, targets = batch()
+    with (
+        pytest.raises(ConfigError, match=r"2 buffers but 1 seq_dims: give one per buffer"),
+        air.context_parallel(tokens, targets, seq_dims=[1]),
+    ):
+        pass
