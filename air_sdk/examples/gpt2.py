@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import math
 import os
@@ -219,8 +218,8 @@ class TokenBatches:
 
 
 def _wrap(model: GPT, args: argparse.Namespace, device: torch.device) -> nn.Module:
-    """DDP, or FSDP2 per block and then the root (through `air.parallelize` when the
-    runtime has it), with bf16 compute when asked."""
+    """DDP, or FSDP2 per block and then the root through `air.parallelize`, with bf16
+    compute when asked."""
     if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
         return model
     if not args.fsdp:
@@ -229,26 +228,8 @@ def _wrap(model: GPT, args: argparse.Namespace, device: torch.device) -> nn.Modu
         return DistributedDataParallel(
             model, device_ids=[device] if device.type == "cuda" else None
         )
-    try:  # the runtime's parallel API, where this version of AIR has it
-        parallel: Any = importlib.import_module("air_sdk.runtime.parallel")
-    except ImportError:
-        parallel = None
-    if parallel is not None and hasattr(parallel, "parallelize"):
-        precision = "bf16" if args.bf16 else "fp32"
-        try:
-            wrapped: nn.Module = parallel.parallelize(model, mixed_precision=precision)
-        except TypeError:  # a parallelize without that option
-            wrapped = parallel.parallelize(model)
-        return wrapped
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if args.bf16 else None, reduce_dtype=torch.float32
-    )
-    for block in model.h:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    return model
+    # FSDP2 per block, then the root, from the job's layout (every rank a data-parallel one)
+    return air.parallelize(model, mixed_precision="bf16" if args.bf16 else "fp32")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

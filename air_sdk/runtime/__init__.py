@@ -19,6 +19,10 @@ Graceful preemption: `if air.should_stop(): air.checkpoint.save(...); air.exit_s
 Lightning, transformers and accelerate report to AIR with no code change in an AIR
 job; `air.autolog()` does the same elsewhere (docs/integrations.md).
 
+Parallelism from the job's layout (`air_sdk.runtime.parallel`): `air.mesh()`,
+`model = air.parallelize(model)`, `pipe = air.pipeline(model, microbatches=..., loss_fn=...)`,
+`air.context_parallel(...)`, `air.dp_mean(loss)`.
+
 Without the `AIR_*` env (a script run by hand or by bare torchrun) nothing is
 posted: `log()` only keeps the latest values. Importing this package does not
 import torch; `init()` does.
@@ -32,24 +36,35 @@ from air_sdk.runtime._context import Context, context
 
 __all__ = [
     "Context",
+    "Pipeline",
     "StatefulDistributedSampler",
     "autolog",
     "checkpoint",
     "context",
+    "context_parallel",
+    "dp_mean",
     "exit_stopped",
     "flush",
     "heartbeat",
     "init",
     "is_main",
     "log",
+    "mesh",
+    "parallel",
+    "parallelize",
+    "pipeline",
     "resumable_loader",
     "should_stop",
     "shutdown",
+    "submesh",
 ]
 
 _LAZY = frozenset({"flush", "heartbeat", "init", "is_main", "log", "shutdown"})
 _LAZY_DATA = frozenset({"StatefulDistributedSampler", "resumable_loader"})
 _LAZY_STOP = frozenset({"exit_stopped", "should_stop"})
+_LAZY_PARALLEL = frozenset(
+    {"Pipeline", "context_parallel", "dp_mean", "mesh", "parallelize", "pipeline", "submesh"}
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -67,14 +82,20 @@ def __getattr__(name: str) -> Any:
 
         globals()[name] = autolog
         return autolog
-    if name == "checkpoint":  # a submodule: importing it binds it here too
+    if name in ("checkpoint", "parallel"):  # submodules: importing binds them here too
         import importlib
 
-        return importlib.import_module("air_sdk.runtime.checkpoint")
+        return importlib.import_module(f"air_sdk.runtime.{name}")
     if name in _LAZY_STOP:
         from air_sdk.runtime import _stop
 
         value = getattr(_stop, name)
+        globals()[name] = value
+        return value
+    if name in _LAZY_PARALLEL:  # imports torch
+        from air_sdk.runtime import parallel
+
+        value = getattr(parallel, name)
         globals()[name] = value
         return value
     if name in _LAZY_DATA:  # imports torch

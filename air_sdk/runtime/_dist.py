@@ -121,6 +121,9 @@ def shutdown(flush_timeout_s: float = 10.0) -> None:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return
         gc.collect()  # frees a DDP reducer the caller dropped, while the interpreter is whole
+        meshes = sys.modules.get("air_sdk.runtime.parallel.meshes")
+        if meshes is not None:  # their groups go with the process group
+            meshes._forget_meshes()
         dist.destroy_process_group()
 
 

@@ -1,0 +1,287 @@
+"""Where a model's repeated blocks are, and how a pipeline cuts the model into stages.
+
+The blocks are found generically: the largest `nn.ModuleList` / `nn.ModuleDict` whose
+children are all of one class (`layers` in torchtitan, `model.layers` in Hugging Face,
+`transformer.h` in GPT-2). FSDP shards per block, activation checkpointing and
+torch.compile wrap per block, and a pipeline stage keeps a run of them.
+
+A stage is a copy of the model without the other stages' blocks (kept under their
+original names, so state_dict keys do not move) and with the modules that hold
+parameters outside the blocks kept only where they run: those registered before the
+blocks (embeddings) on the first stage, those after (final norm, output head) on the
+last; elsewhere they become `nn.Identity`, so the model's own forward still runs: the
+first stage maps tokens to hidden states, the middle ones hidden states to hidden
+states, the last hidden states to its outputs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from air_sdk.errors import ConfigError
+
+__all__ = ["Blocks", "StageLayers", "StageSplit", "build_stage", "find_blocks", "split_stages"]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The repeated blocks of a model: the container's path, the blocks' names in it
+    (in order) and their class.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> model = nn.Sequential(nn.Embedding(8, 4), nn.ModuleList(nn.Linear(4, 4) for _ in range(3)))
+        >>> find_blocks(model).paths()
+        ['1.0', '1.1', '1.2']
+    """
+
+    path: str
+    names: tuple[str, ...]
+    block_class: type[nn.Module]
+
+    def paths(self) -> list[str]:
+        """The full module path of every block."""
+        return [_join(self.path, name) for name in self.names]
+
+    def container(self, model: nn.Module) -> nn.Module:
+        return model.get_submodule(self.path)
+
+    def items(self, model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+        """(name in the container, block) for the blocks still in `model`."""
+        container = self.container(model)
+        yield from container.named_children()
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def find_blocks(model: nn.Module) -> Blocks:
+    """The model's repeated blocks: the largest `nn.ModuleList`/`nn.ModuleDict` (or a
+    pipeline stage's `StageLayers`) whose children all share one class; on a tie, the
+    one holding more parameters.
+
+    Raises ConfigError naming the model's class when there is none.
+
+    Example:
+        >>> from air_sdk.examples.llama import LlamaConfig, build_llama
+        >>> blocks = find_blocks(build_llama(LlamaConfig(naming="hf", n_layers=2)))
+        >>> blocks.path, blocks.names, blocks.block_class.__name__
+        ('model.layers', ('0', '1'), 'HFDecoderLayer')
+    """
+    best: tuple[int, int, str, nn.Module] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList | nn.ModuleDict | StageLayers):
+            continue
+        children = list(module.children())
+        if not children or len({_block_type(c) for c in children}) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if best is None or (len(children), size) > (best[0], best[1]):
+            best = (len(children), size, path, module)
+    if best is None:
+        raise ConfigError(
+            f"{type(model).__name__} has no nn.ModuleList or nn.ModuleDict of repeated"
+            " blocks (one class, e.g. its transformer layers): FSDP, activation"
+            " checkpointing and pipeline stages work per block; keep the blocks in one"
+        )
+    _, _, path, container = best
+    names = tuple(name for name, _ in container.named_children())
+    return Blocks(path=path, names=names, block_class=_block_type(next(container.children())))
+
+
+def _block_type(module: nn.Module) -> type[nn.Module]:
+    # A block wrapped for activation checkpointing or torch.compile counts as its class.
+    inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(
+        module, "_orig_mod", None
+    )
+    return type(inner) if isinstance(inner, nn.Module) else type(module)
+
+
+class StageLayers(nn.Module):
+    """The blocks a pipeline stage keeps, under their original names ("2", "3"), so
+    the stage's state_dict keys are the whole model's. Iterates like the
+    `nn.ModuleList` it replaces (`for layer in self.layers`, `len`, `[i]`, slices).
+
+    Example:
+        >>> import torch.nn as nn
+        >>> kept = StageLayers({"2": nn.Linear(2, 2), "3": nn.Linear(2, 2)})
+        >>> [name for name, _ in kept.named_children()], len(kept)
+        (['2', '3'], 2)
+    """
+
+    def __init__(self, blocks: dict[str, nn.Module]) -> None:
+        super().__init__()
+        for name, block in blocks.items():
+            self.add_module(name, block)
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._modules.values())  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, index: int | slice) -> nn.Module | list[nn.Module]:
+        return list(self)[index]
+
+    def forward(self, *args: object) -> None:
+        raise TypeError("StageLayers is a container: iterate over it")
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """What each pipeline stage keeps: `blocks[i]` are the block names of stage i;
+    `first_modules` (before the blocks) stay on stage 0, `last_modules` (after) on the
+    last stage.
+
+    Example:
+        >>> from air_sdk.examples.llama import LlamaConfig, build_llama
+        >>> split = split_stages(build_llama(LlamaConfig(n_layers=4)), 2)
+        >>> split.blocks, split.first_modules, split.last_modules
+        ((('0', '1'), ('2', '3')), ('tok_embeddings',), ('norm', 'output'))
+    """
+
+    blocks_path: str
+    blocks: tuple[tuple[str, ...], ...]
+    first_modules: tuple[str, ...]
+    last_modules: tuple[str, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.blocks)
+
+
+def split_stages(model: nn.Module, num_stages: int) -> StageSplit:
+    """Cut the model into `num_stages` contiguous stages, balanced as torchtitan does:
+    the embeddings count as one block on the first stage and the final norm + head as
+    one block on the last, and stage sizes differ by at most one.
+
+    Raises ConfigError when there are more stages than blocks + 2, or when parameters
+    sit on a module that also holds the blocks (no stage could own them alone).
+
+    Example:
+        >>> from air_sdk.examples.llama import LlamaConfig, build_llama
+        >>> split_stages(build_llama(LlamaConfig(n_layers=4)), 4).blocks
+        (('0',), ('1', '2'), ('3',), ())
+    """
+    if num_stages < 1:
+        raise ConfigError(f"num_stages={num_stages}: give at least 1")
+    blocks = find_blocks(model)
+    first, last = _outer_modules(model, blocks.path)
+    _refuse_tied(model, first, last)
+    units = len(blocks.names) + 2
+    if num_stages > units:
+        raise ConfigError(
+            f"{num_stages} pipeline stages but {type(model).__name__} has"
+            f" {len(blocks.names)} blocks (+ embeddings and head = {units} pieces):"
+            " lower pp (or use a schedule with one stage per rank)"
+        )
+    base, extra = divmod(units, num_stages)
+    sizes = [base + (1 if i < extra else 0) for i in range(num_stages)]
+    stages: list[tuple[str, ...]] = []
+    start = 0
+    for i, size in enumerate(sizes):
+        # The first stage's embeddings and the last stage's head take one unit each.
+        count = size - (1 if i == 0 else 0) - (1 if i == num_stages - 1 else 0)
+        count = max(count, 0)
+        stages.append(blocks.names[start : start + count])
+        start += count
+    return StageSplit(
+        blocks_path=blocks.path, blocks=tuple(stages), first_modules=first, last_modules=last
+    )
+
+
+def _outer_modules(model: nn.Module, blocks_path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Modules with parameters outside the blocks, split by registration order into
+    those before the blocks and those after; checks none sits above the blocks."""
+    before: list[str] = []
+    after: list[str] = []
+    seen_blocks = False
+    prefix = blocks_path + "."
+    for path, module in model.named_modules():
+        if path == blocks_path:
+            seen_blocks = True
+            continue
+        if path.startswith(prefix):
+            continue
+        own = [n for n, _ in module.named_parameters(recurse=False)]
+        if not own:
+            continue
+        if blocks_path.startswith(path + ".") or (path == "" and blocks_path):
+            raise ConfigError(
+                f"parameter {_join(path, own[0])!r} sits on {type(module).__name__}, which"
+                f" also holds the blocks at {blocks_path!r}: no pipeline stage could own it"
+                " alone; move it into a submodule (e.g. an nn.Embedding)"
+            )
+        if any(path.startswith(p + ".") for p in before + after):
+            continue  # inside an outer module already listed
+        (after if seen_blocks else before).append(path)
+    return tuple(before), tuple(after)
+
+
+def _refuse_tied(model: nn.Module, first: tuple[str, ...], last: tuple[str, ...]) -> None:
+    def owned(paths: tuple[str, ...]) -> dict[int, str]:
+        return {
+            id(p): _join(path, name)
+            for path in paths
+            for name, p in model.get_submodule(path).named_parameters(remove_duplicate=False)
+        }
+
+    head = owned(last)
+    for key, name in owned(first).items():
+        if key in head:
+            raise ConfigError(
+                f"{name!r} and {head[key]!r} are one tied parameter, but the first and the"
+                " last pipeline stage would each hold a copy that trains apart: untie them"
+                " (e.g. clone the embedding into the head) or use pp=1"
+            )
+
+
+def build_stage(model: nn.Module, split: StageSplit, stage: int) -> nn.Module:
+    """A deep copy of `model` holding only what stage `stage` of `split` runs; the
+    modules it does not run (other stages' outer modules) become `nn.Identity`.
+
+    Example:
+        >>> from air_sdk.examples.llama import LlamaConfig, build_llama
+        >>> model = build_llama(LlamaConfig(n_layers=4))
+        >>> last = build_stage(model, split_stages(model, 2), 1)
+        >>> sorted(last.state_dict())[:2], type(last.tok_embeddings).__name__
+        (['layers.2.attention.wk.weight', 'layers.2.attention.wo.weight'], 'Identity')
+    """
+    if not 0 <= stage < split.num_stages:
+        raise ConfigError(f"stage {stage} of {split.num_stages}: no such stage")
+    part = copy.deepcopy(model)
+    container = part.get_submodule(split.blocks_path)
+    keep = set(split.blocks[stage])
+    kept = {name: block for name, block in container.named_children() if name in keep}
+    if isinstance(container, nn.ModuleDict):
+        for name in [n for n in container if n not in keep]:
+            del container[name]
+    else:
+        _set_submodule(part, split.blocks_path, StageLayers(kept))
+    dropped = [
+        *(split.first_modules if stage != 0 else ()),
+        *(split.last_modules if stage != split.num_stages - 1 else ()),
+    ]
+    for path in dropped:
+        _set_submodule(part, path, nn.Identity())
+    return part
+
+
+def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, name, module)
+
+
+def replace_block(container: nn.Module, name: str, block: nn.Module) -> None:
+    """Put `block` in place of the container's child `name` (ModuleList, ModuleDict or
+    StageLayers alike)."""
+    if isinstance(container, nn.ModuleList):
+        container[int(name)] = block
+    else:
+        container.register_module(name, block)
