@@ -18,12 +18,14 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 import typer
 from annotated_types import Ge, Le
 from pydantic import ValidationError
+from rich.markup import escape
 
 from air_sdk.cli._common import (
     EXIT_FAILED,
     GatewayOption,
     choices_enum,
     console,
+    err_console,
     handle_errors,
 )
 from air_sdk.client.client import format_validation_error
@@ -151,6 +153,8 @@ def start(
         return
     with console.status(f"starting a gateway on {opts.url} ..."):
         proc = start_detached(opts)
+    if proc.port_note:
+        err_console.print(f"[yellow]{escape(proc.port_note)}[/]", soft_wrap=True)
     custom_home = opts.home != air_home()
     console.print(
         f"gateway running at [bold]{proc.url}[/] (pid {proc.pid}, {opts.num_nodes} nodes)\n"
@@ -178,8 +182,6 @@ def stop(home: HomeOption = None) -> None:
 @handle_errors
 def status(home: HomeOption = None, gateway: GatewayOption = None) -> None:
     """Is a gateway up? Its URL, version and nodes."""
-    from rich.markup import escape
-
     from air_sdk.cli.main import make_client
     from air_sdk.client.local_gateway import running_gateway
     from air_sdk.errors import AirError, TransportError

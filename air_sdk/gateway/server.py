@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 
 from air_sdk.client import local_gateway
 from air_sdk.client.local_gateway import GatewayProcess, running_gateway, stop_detached
+from air_sdk.client.ports import bind_or_explain, choose_port
 from air_sdk.config import write_client_config
-from air_sdk.errors import AirError
+from air_sdk.errors import AirError, ConfigError
 from air_sdk.gateway.options import SecurityOptions, check_bind, is_loopback
 from air_sdk.gateway_config import OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
 
@@ -153,10 +154,25 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
 
 
 def serve(opts: GatewayOptions) -> None:
-    """Run the gateway in the foreground until Ctrl-C or SIGTERM."""
+    """Run the gateway in the foreground until Ctrl-C or SIGTERM.
+
+    The port is bound first: a taken one is a `ConfigError` naming its holder (or,
+    when no port was asked for, the next free one is used and that is said), and
+    neither the client config nor the pid file is written for a gateway that could
+    not listen.
+    """
     import uvicorn
 
-    app, token = build(opts)
+    choice = choose_port(opts)
+    opts = choice.opts
+    sock = bind_or_explain(opts)
+    try:
+        app, token = build(opts)
+    except BaseException:
+        sock.close()
+        raise
+    if choice.note:
+        print(choice.note, flush=True)
     if opts.write_client_config:
         write_client_config(opts.url, token)
     state = {"pid": os.getpid(), "url": opts.url}
@@ -170,18 +186,20 @@ def serve(opts: GatewayOptions) -> None:
             file=sys.stderr,
             flush=True,
         )
+    config = uvicorn.Config(
+        app,
+        host=opts.host,
+        port=opts.port,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        ssl_certfile=str(opts.tls_cert) if opts.tls_cert else None,
+        ssl_keyfile=str(opts.tls_key) if opts.tls_key else None,
+    )
     try:
-        uvicorn.run(
-            app,
-            host=opts.host,
-            port=opts.port,
-            log_level="warning",
-            access_log=False,
-            server_header=False,
-            ssl_certfile=str(opts.tls_cert) if opts.tls_cert else None,
-            ssl_keyfile=str(opts.tls_key) if opts.tls_key else None,
-        )
+        uvicorn.Server(config).run(sockets=[sock])  # the socket bound above, not a new one
     finally:
+        sock.close()
         try:
             if json.loads(state_path.read_text()).get("pid") == os.getpid():
                 state_path.unlink()
@@ -205,7 +223,11 @@ def main() -> None:
     except ValueError as exc:
         print(f"error: bad gateway options: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    serve(opts)
+    try:
+        serve(opts)
+    except ConfigError as exc:  # e.g. the port was taken between the check and the bind
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
