@@ -73,7 +73,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    """True when a gateway could bind (host, port) now.
+    """False when something else holds (host, port); True otherwise (a bind that fails
+    for another reason, such as a port below 1024, is reported by the bind itself).
 
     Example:
         >>> port_is_free("127.0.0.1", 0)
@@ -81,8 +82,8 @@ def port_is_free(host: str, port: int) -> bool:
     """
     try:
         listen_socket(host, port).close()
-    except OSError:
-        return False
+    except OSError as exc:
+        return exc.errno != errno.EADDRINUSE
     return True
 
 
@@ -184,8 +185,11 @@ def port_taken_error(host: str, port: int, holder: str) -> ConfigError:
 
 def _next_free(host: str, port: int) -> int | None:
     for candidate in range(port + 1, min(port + 1 + PORT_SEARCH, 65536)):
-        if port_is_free(host, candidate):
-            return candidate
+        try:
+            listen_socket(host, candidate).close()
+        except OSError:
+            continue
+        return candidate
     return None
 
 

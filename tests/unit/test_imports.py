@@ -59,7 +59,7 @@ RULES: dict[str, Rule] = {
     # the HTTP face may use everything below it; of the client only the local-gateway helper
     "gateway": rule(
         "gateway runner store scheduler schema bundle redact errors config gateway_config"
-        " client.local_gateway",
+        " client.local_gateway client.ports",
         never=f"torch typer {NOTEBOOK_UI}",
     ),
     # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()
