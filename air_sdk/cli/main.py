@@ -1,7 +1,8 @@
 """The `air` command: submit and watch jobs, run a local gateway, try the demo.
 
     air gateway start --detach           # a gateway with 2 virtual nodes on this machine
-    air submit train.py --nodes 2 --follow -- --epochs 3
+    air submit train.py --nodes 2 --follow --epochs 3
+    air submit -m mypkg.train --nodes 2  # python -m, as torchrun -m
     air jobs / air status JOB / air logs -f JOB / air metrics JOB / air cancel JOB
     air checkpoints JOB / air checkpoints export JOB --to model.safetensors
     air demo                             # a 2-node DDP job end to end
@@ -34,6 +35,7 @@ from air_sdk.cli.checkpoints import checkpoints_app
 from air_sdk.cli.gateway import gateway_app
 from air_sdk.cli.job_flags import with_job_options
 from air_sdk.cli.manifests import render_app
+from air_sdk.cli.script_args import ScriptCommand
 from air_sdk.client.options import JobOptions
 from air_sdk.schema.state import JobState
 
@@ -96,23 +98,29 @@ def _reattach_hint(job_id: str) -> None:
     )
 
 
-@app.command()
+@app.command(cls=ScriptCommand)
 @handle_errors
 @with_job_options
 def submit(
     script: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
             metavar="SCRIPT",
             exists=True,
             dir_okay=False,
             readable=True,
-            help="The training script (torchrun-style).",
+            show_default=False,
+            help="The training script (torchrun-style); or give -m MODULE instead.",
         ),
-    ],
+    ] = None,
     args: Annotated[
         list[str] | None,
-        typer.Argument(metavar="[-- ARGS...]", help="Arguments for the script, after `--`."),
+        typer.Argument(
+            metavar="ARGS",
+            show_default=False,
+            help="Arguments for the script: everything from the first option `air submit`"
+            " does not know (or after `--`) on.",
+        ),
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")
@@ -120,9 +128,11 @@ def submit(
     gateway: GatewayOption = None,
     **options: Unpack[JobOptions],
 ) -> None:
-    """Submit SCRIPT as a multi-node job; prints the job id.
+    """Submit SCRIPT (or -m MODULE) as a multi-node job; prints the job id.
 
-    Example: air submit train.py --nodes 2 --env LR=0.1 --follow -- --epochs 3
+    Example: air submit train.py --nodes 2 --env LR=0.1 --follow --epochs 3
+
+    As with torchrun, what follows the script is the script's: `air submit` keeps the flags it knows up to the first one it does not, and `--` passes the rest as is.
 
     The job options are those of `Client.submit_script` (air_sdk/client/options.py).
     """

@@ -199,8 +199,8 @@ class Client:
         if not isinstance(spec, JobSpec):
             spec = job_spec(**dict(spec))
         key = idempotency_key or str(uuid.uuid4())
-        if workdir is None and spec.entrypoint is not None and spec.bundle_sha256 is None:
-            workdir = Path.cwd()
+        if workdir is None and spec.code is None and spec.bundle_sha256 is None:
+            workdir = Path.cwd()  # a script or module: the working directory is its code
         if workdir is None and extra_files:
             from air_sdk.bundle import pack_directory
 
@@ -234,29 +234,46 @@ class Client:
         return Job(self, parse_model(JobRecord, record))
 
     def submit_script(
-        self, script: str | Path, *, args: Sequence[str] = (), **options: Unpack[JobOptions]
+        self,
+        script: str | Path | None = None,
+        *,
+        args: Sequence[str] = (),
+        **options: Unpack[JobOptions],
     ) -> Job:
-        """Run a torchrun-style script on `nodes` x `procs_per_node` ranks.
+        """Run a torchrun-style script (or, with `module=`, `python -m MODULE`) on
+        `nodes` x `procs_per_node` ranks.
 
         `options` are the job options of `air_sdk.client.options.JobOptions` (the
         same as `air submit`'s flags): nodes, procs_per_node, gpus_per_node, name,
         env, max_restarts, checkpoint_every, pool, priority, accelerator, the mesh
-        sizes dp_replicate, dp_shard, tp, pp, cp, and workdir. The bundle is
-        `workdir`: by default the current directory when the script is inside it,
-        else the script's own directory.
+        sizes dp_replicate, dp_shard, tp, pp, cp, module and workdir. The bundle is
+        `workdir`: by default the current directory when the script is inside it
+        (or for a module), else the script's own directory.
 
         Example:
             >>> job = Client().submit_script("train.py", nodes=2, args=["--lr", "0.1"])  # doctest: +SKIP
             >>> job.id  # doctest: +SKIP
-            'j-3f2a'
+            'train-5d41402a'
+            >>> Client().submit_script(module="mypkg.train", nodes=2)  # doctest: +SKIP
         """
         fields = job_spec_fields(options)  # unknown options fail before anything is read
+        module = options.get("module")
+        workdir = options.get("workdir")
+        cwd = Path.cwd().resolve()
+        if module is not None:
+            if script is not None:
+                raise SpecError(
+                    f"give a script or module={module!r}, not both: `python -m` runs the module"
+                )
+            root = cwd if workdir is None else Path(workdir).expanduser().resolve()
+            fields.setdefault("name", _default_name(Path(f"{module}.py")))  # "pkg.train"
+            return self.submit(job_spec(args=list(args), **fields), workdir=root)
+        if script is None:
+            raise SpecError("give a script to run (or module= to run `python -m MODULE`)")
         script_path = Path(script).expanduser().resolve()
         if not script_path.is_file():
             raise SpecError(f"script {script} not found (looked for {script_path})")
-        workdir = options.get("workdir")
         if workdir is None:
-            cwd = Path.cwd().resolve()
             root = cwd if script_path.is_relative_to(cwd) else script_path.parent
         else:
             root = Path(workdir).expanduser().resolve()

@@ -225,7 +225,9 @@ def bind_or_explain(opts: GatewayOptions) -> socket.socket:
         return listen_socket(opts.host, opts.port)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise port_taken_error(opts.host, opts.port, port_holder(opts.host, opts.port)) from None
+            raise port_taken_error(
+                opts.host, opts.port, port_holder(opts.host, opts.port)
+            ) from None
         if exc.errno == errno.EACCES:
             raise ConfigError(
                 f"cannot listen on port {opts.port}: ports below 1024 need root;"
@@ -235,4 +237,3 @@ def bind_or_explain(opts: GatewayOptions) -> socket.socket:
             f"cannot listen on {opts.host}:{opts.port}: {exc.strerror or exc};"
             " check --host and --port"
         ) from None
-

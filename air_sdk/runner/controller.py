@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from air_sdk.errors import ConfigError
-from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
+from air_sdk.runner.backends.base import (
+    MODULE_PREFIX,
+    AttemptHandle,
+    Backend,
+    LaunchRequest,
+    NodeStatus,
+)
 from air_sdk.runner.policy import (
     FailureAction,
     HangPolicy,
@@ -555,7 +561,8 @@ class JobController:
         return {a.node: self.backend.node_log_tail(handle, a.node) for a in self.placement.nodes}
 
     def _ready_code(self) -> str:
-        """Unpack the bundle once per job; returns the entrypoint relative to the code dir."""
+        """Unpack the bundle once per job; returns the entrypoint relative to the code dir
+        (`-m MODULE` for a module job: `program_argv` splits it for the supervisor)."""
         if self._prepare_code and not self._code_ready:
             from air_sdk.bundle import unpack_bundle
 
@@ -575,6 +582,8 @@ class JobController:
             self._code_ready = True
         if self.spec.code is not None:
             return INLINE_ENTRYPOINT
+        if self.spec.module is not None:  # run from the code dir, as `python -m` would
+            return MODULE_PREFIX + self.spec.module
         assert self.spec.entrypoint is not None
         if self._prepare_code and not (self.paths.code / self.spec.entrypoint).is_file():
             raise FileNotFoundError(f"entrypoint {self.spec.entrypoint} is not in the bundle")
