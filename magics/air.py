@@ -75,10 +75,10 @@ _NUM_ARGS = {
 }
 _ARG_HINT = {
     "gateway": "start, stop or status (e.g. %air gateway start)",
-    "status": "a job id (e.g. %air status j-3f2a; %air jobs lists them)",
-    "logs": "a job id (e.g. %air logs j-3f2a --tail 20)",
-    "cancel": "a job id (e.g. %air cancel j-3f2a)",
-    "attach": "a job id (e.g. %air attach j-3f2a)",
+    "status": "a job id (e.g. %air status train-5d41402a; %air jobs lists them)",
+    "logs": "a job id (e.g. %air logs train-5d41402a --tail 20)",
+    "cancel": "a job id (e.g. %air cancel train-5d41402a)",
+    "attach": "a job id (e.g. %air attach train-5d41402a)",
 }
 
 

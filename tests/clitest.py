@@ -30,6 +30,8 @@ class FakeGateway:
         self.requests: list[requests.PreparedRequest] = []
         self.final_state = JobState.SUCCEEDED
         self.logs_upto = 1 << 30
+        #: what rank 0 prints while a job runs (lines of one log event)
+        self.rank0_output: list[str] = []
 
     def add_job(self, job_id: str, state: JobState, **extra: object) -> JobRecord:
         now = time.time()
@@ -66,11 +68,16 @@ class FakeGateway:
         )
 
     def run_to_end(self, job_id: str, final: JobState, steps: int = 3) -> None:
-        self.emit(job_id, "state", state="RUNNING")
+        """The events of a job's life, in the order a gateway writes them."""
+        self.emit(job_id, "state", state="SCHEDULED")
         self.emit(job_id, "attempt", attempt=1, phase="started")
+        self.emit(job_id, "state", state="STARTING")
+        self.emit(job_id, "state", state="RUNNING")
         for step in range(1, steps + 1):
             points = [{"step": step, "ts": float(step), "values": {"loss": 1.0 / step}}]
             self.emit(job_id, "metrics", rank=0, points=points)
+        if self.rank0_output:
+            self.emit(job_id, "log", rank=0, lines=self.rank0_output)
         self.emit(job_id, "log", rank=1, lines=["boom"])
         if final is JobState.FAILED:
             self.emit(job_id, "rank_exit", rank=1, data={"rank": 1, "exit_code": 3})

@@ -123,7 +123,13 @@ def submit(
         ),
     ] = None,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Show live progress and rank 0's output until the job ends."
+        ),
+    ] = False,
+    all_ranks: Annotated[
+        bool, typer.Option("--all-ranks", help="With --follow: every rank's output, not rank 0's.")
     ] = False,
     gateway: GatewayOption = None,
     **options: Unpack[JobOptions],
@@ -145,7 +151,7 @@ def submit(
     from air_sdk.cli.terminal_views import follow_to_end
 
     try:
-        code = follow_to_end(job, console)
+        code = follow_to_end(job, console, log_ranks="all" if all_ranks else "rank0")
     except KeyboardInterrupt:
         _reattach_hint(job.id)
         code = EXIT_INTERRUPTED

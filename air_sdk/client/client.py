@@ -157,15 +157,42 @@ class Client:
 
         Example:
             >>> [j.id for j in Client().jobs(state=JobState.RUNNING)]  # doctest: +SKIP
-            ['j-3f2a']
+            ['train-5d41402a']
         """
         return self._get("/v1/jobs", JobList, params={"state": state, "limit": limit}).jobs
+
+    def newest_job(self) -> JobRecord | None:
+        """Your most recently submitted job (None before the first), as `sky jobs logs`
+        picks one when none is named.
+
+        Example:
+            >>> Client().newest_job().id  # doctest: +SKIP
+            'train-5d41402a'
+        """
+        newest = self.jobs(limit=1)
+        return newest[0] if newest else None
+
+    def active_jobs(self, limit: int = 1000) -> list[JobRecord]:
+        """Your jobs that have not ended (queued, starting, running, restarting),
+        newest first.
+
+        Example:
+            >>> len(Client().active_jobs())  # doctest: +SKIP
+            2
+        """
+        found = {
+            record.id: record
+            for state in JobState
+            if not state.terminal
+            for record in self.jobs(state=state, limit=limit)
+        }
+        return sorted(found.values(), key=lambda r: r.created_at, reverse=True)[:limit]
 
     def job(self, job_id: str) -> Job:
         """A handle on an existing job (fetches its record, so a bad id fails here).
 
         Example:
-            >>> Client().job("j-3f2a").status()  # doctest: +SKIP
+            >>> Client().job("train-5d41402a").status()  # doctest: +SKIP
             <JobState.RUNNING: 'RUNNING'>
         """
         return Job(self, self.job_record(job_id))

@@ -7,7 +7,7 @@ it saw after a dropped connection.
 Examples marked `+SKIP` need a running gateway and a job on it.
 
 Example:
-    >>> job = Client().job("j-3f2a")  # doctest: +SKIP
+    >>> job = Client().job("train-5d41402a")  # doctest: +SKIP
     >>> for event in job.follow():  # doctest: +SKIP
     ...     print(event.seq, event.type.value)
 """

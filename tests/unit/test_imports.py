@@ -45,14 +45,15 @@ RULES: dict[str, Rule] = {
     "config": rule("errors", never=f"{SERVER} torch requests"),
     "gateway_config": rule("config errors", never=f"{SERVER} torch requests"),
     "redact": rule("", never=f"{SERVER} torch requests"),
+    "text": rule("", never=f"{SERVER} torch requests pydantic"),
     "bundle": rule("errors", never=f"{SERVER} torch requests"),
     # pure decisions: no HTTP, SQL or torch
-    "scheduler": rule("schema errors", never=f"{SERVER} torch requests"),
+    "scheduler": rule("schema errors text", never=f"{SERVER} torch requests"),
     "store": rule("schema redact errors", never="fastapi starlette uvicorn torch requests"),
     # imported by training code inside workers: no server code
     "runtime": rule("runtime schema errors", never=f"{SERVER} typer {NOTEBOOK_UI}"),
     "runner": rule(
-        "runner scheduler store schema errors redact _agent runtime",
+        "runner scheduler store schema errors redact text _agent runtime",
         lazily="bundle",
         never=f"fastapi starlette uvicorn requests {NOTEBOOK_UI}",
     ),
@@ -64,14 +65,14 @@ RULES: dict[str, Rule] = {
     ),
     # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()
     "client": rule(
-        "client schema errors config gateway_config bundle",
+        "client schema errors config gateway_config bundle text",
         lazily="notebook.monitor",
         never=f"{SERVER} torch typer rich {NOTEBOOK_UI}",
     ),
-    "notebook": rule("notebook client schema errors", never=f"{SERVER} torch typer rich"),
+    "notebook": rule("notebook client schema errors text", never=f"{SERVER} torch typer rich"),
     # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
     "cli": rule(
-        "cli client schema errors config gateway_config",
+        "cli client schema errors config gateway_config text",
         lazily="gateway.server manifests bundle examples checkpoints",
         never=f"{SERVER} torch {NOTEBOOK_UI}",
     ),

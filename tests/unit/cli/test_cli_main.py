@@ -163,7 +163,8 @@ def test_status_of_a_failure_names_rank_exit_code_and_tail(gateway: FakeGateway)
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "FAILED" in out and "reason: rank 1 failed" in out
-    assert "rank 1 exit code 3 (attempt 1): worker crashed" in out
+    assert "failed: rank 1 exit code 3: worker crashed" in out
+    assert "j-1  train  FAILED  2 nodes x 1 rank" in out
     assert "KeyError" in out
     assert "step 3" in out and "loss 0.3333" in out
 

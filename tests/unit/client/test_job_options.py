@@ -26,7 +26,7 @@ from air_sdk.notebook.cell_job import submit_cell
 from air_sdk.schema import JobRecord, JobSpec, JobState
 
 #: flags of `air submit` that are not job options: what to run and how to watch it
-CLI_OWN = {"script", "args", "follow", "gateway"}
+CLI_OWN = {"script", "args", "follow", "all_ranks", "gateway"}
 #: flags of `%%air train` that are not job options: what travels, the monitor, waiting
 MAGIC_OWN = {"files", "max_value_mib", "total_steps", "wait"}
 
