@@ -41,7 +41,7 @@ class FakeGateway:
             name=extra.pop("name", "train"),  # type: ignore[arg-type]
             state=state,
             spec=JobSpec(entrypoint="train.py", resources={"nodes": 2}),
-            created_at=now - 90,
+            created_at=now - 90 + len(self.records),  # later jobs are newer
             updated_at=now,
             attempt=1,
             **extra,
@@ -105,6 +105,8 @@ class FakeGateway:
         if parts == ["jobs"]:
             wanted = query.get("state")
             jobs = [r for r in self.records.values() if wanted in (None, r.state.value)]
+            jobs = sorted(jobs, key=lambda r: r.created_at, reverse=True)  # newest first
+            jobs = jobs[: int(query.get("limit", 100))]
             return mock_response(200, {"jobs": [json.loads(r.model_dump_json()) for r in jobs]})
         job_id, rest = parts[1], parts[2:]
         if job_id not in self.records:
@@ -150,8 +152,9 @@ class FakeGateway:
         raise AssertionError(f"unexpected {request.method} {path}")
 
 
-def invoke(*args: str) -> Result:
-    return runner.invoke(cli.app, list(args))
+def invoke(*args: str, answer: str | None = None) -> Result:
+    """Run `air ARGS...`; `answer` is what the user types at a prompt."""
+    return runner.invoke(cli.app, list(args), input=answer)
 
 
 def flat(text: str) -> str:

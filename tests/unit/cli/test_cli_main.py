@@ -124,8 +124,8 @@ def test_jobs_json_is_a_list_of_job_records(gateway: FakeGateway) -> None:
     result = invoke("jobs", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert [JobRecord.model_validate(d).id for d in data] == ["j-1", "j-2"]
-    assert data[0]["state"] == "RUNNING" and data[0]["spec"]["resources"]["nodes"] == 2
+    assert [JobRecord.model_validate(d).id for d in data] == ["j-2", "j-1"]  # newest first
+    assert data[1]["state"] == "RUNNING" and data[1]["spec"]["resources"]["nodes"] == 2
 
 
 def test_jobs_state_filter_and_table(gateway: FakeGateway) -> None:
