@@ -26,7 +26,7 @@ from air_sdk.client._http import HttpTransport, parse_model
 from air_sdk.client.admin import Admin
 from air_sdk.client.job import Job
 from air_sdk.client.options import JobOptions, job_spec_fields
-from air_sdk.config import load_client_settings
+from air_sdk.config import load_client_settings, token_refused_message
 from air_sdk.errors import SpecError
 from air_sdk.schema.api import Health, Inventory, JobList, JobRecord
 from air_sdk.schema.spec import JobSpec
@@ -117,6 +117,9 @@ class Client:
             session=session,
             max_attempts=max_attempts,
             user_agent=_user_agent(),
+            auth_message=token_refused_message(
+                settings.gateway_url, settings.token, explicit=bool(token)
+            ),
         )
 
     def __repr__(self) -> str:

@@ -115,4 +115,3 @@ def test_logs_follow_exits_as_follow_does(gateway: FakeGateway, final: JobState,
     result = invoke("logs", "train-00000001", "-f")
     assert result.exit_code == code, result.output
     assert f"job train-00000001 ended: {final.value}" in result.stderr
-

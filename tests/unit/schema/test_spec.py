@@ -192,3 +192,13 @@ def test_the_default_layout_fits_any_world_size_and_round_trips() -> None:
     assert spec.parallelism.is_default
     assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
     assert spec.parallelism.resolve(3).dp_shard == 3
+
+
+def test_a_module_job_is_one_program_with_a_dotted_name():
+    assert JobSpec(module="pkg.train").module == "pkg.train"
+    with pytest.raises(ValueError, match="exactly one of entrypoint .a script., module"):
+        JobSpec(module="pkg.train", entrypoint="train.py")
+    with pytest.raises(ValueError, match="not a dotted module name such as pkg.train"):
+        JobSpec(module="pkg/train.py")
+    with pytest.raises(ValueError, match="starts with '-': python would read it as an option"):
+        JobSpec(entrypoint="-m.py")
