@@ -32,6 +32,7 @@ from air_sdk.client.client import format_validation_error
 from air_sdk.config import air_home
 from air_sdk.errors import ConfigError
 from air_sdk.gateway_config import GatewayOptions
+from air_sdk.text import plural
 
 __all__ = ["gateway_app"]
 
@@ -167,15 +168,39 @@ def start(
 @gateway_app.command()
 @handle_errors
 def stop(home: HomeOption = None) -> None:
-    """Stop the background gateway started with `air gateway start --detach`."""
+    """Stop the background gateway started with `air gateway start --detach`; its jobs
+    keep running (the next start re-attaches to them)."""
     from air_sdk.client.local_gateway import running_gateway, stop_detached
 
     root = home or air_home()
     proc = running_gateway(root)
+    active = _active_jobs(proc.url, proc.token) if proc is not None else []
     if not stop_detached(root):
         console.print(f"no gateway is running from {root}")
         return
     console.print(f"stopped the gateway{f' (pid {proc.pid})' if proc else ''}")
+    if active:
+        shown = ", ".join(active[:5]) + (f" and {len(active) - 5} more" if len(active) > 5 else "")
+        home_flag = f" --home {root}" if root != air_home() else ""
+        console.print(
+            f"{plural(len(active), 'job')} keep running without it ({shown}): their processes"
+            " do not need the gateway, and the next `air gateway start` re-attaches to them."
+            f" To stop them: air gateway start --detach{home_flag} && air cancel --all",
+            soft_wrap=True,
+        )
+
+
+def _active_jobs(url: str, token: str) -> list[str]:
+    """Ids of the jobs that have not ended on the gateway at `url` ([] when it does not
+    say: stopping goes ahead anyway)."""
+    from air_sdk.cli.main import make_client
+    from air_sdk.errors import AirError
+
+    try:
+        with make_client(url, token or None, max_attempts=1) as client:
+            return [record.id for record in client.active_jobs()]
+    except AirError:
+        return []
 
 
 @gateway_app.command()

@@ -127,7 +127,9 @@ def jobs_table(records: Sequence[JobRecord], *, now: float | None = None) -> Tab
     now = time.time() if now is None else now
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("ID", "NAME", "STATE", "NODES x PROCS", "ATTEMPT", "AGE"):
-        table.add_column(column, no_wrap=True)
+        # numbers to the right (the last column then ends without trailing blanks)
+        right = column in ("ATTEMPT", "AGE")
+        table.add_column(column, no_wrap=True, justify="right" if right else "left")
     for record in records:
         resources = record.spec.resources
         table.add_row(

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from clitest import FakeGateway, invoke
 
+from air_sdk.schema import JobState
+
 
 def test_follow_streams_rank_0_between_the_state_lines_and_ends_with_the_summary(
     gateway: FakeGateway, script: Path
@@ -30,3 +32,46 @@ def test_follow_streams_rank_0_between_the_state_lines_and_ends_with_the_summary
         "final loss    0.3333",
         "steps/second  1.0",
     ]
+
+
+def test_follow_all_ranks_shows_every_rank_and_a_failure_once(
+    gateway: FakeGateway, script: Path
+) -> None:
+    gateway.final_state = JobState.FAILED
+    gateway.rank0_output = ["epoch 1 done"]
+    result = invoke("submit", "train.py", "--follow", "--all-ranks")
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert lines[5:8] == [
+        "[rank 0] epoch 1 done",
+        "[rank 1] boom",
+        "FAILED      j-1  step 3  loss 0.3333  1.0 steps/s",
+    ]
+    assert lines[-3:] == ["failed: rank 1 exit code 3", "last log lines:", "  boom"]
+    assert all(line == line.strip() for line in lines if not line.startswith("  "))
+
+
+def test_follow_without_all_ranks_leaves_other_ranks_out(
+    gateway: FakeGateway, script: Path
+) -> None:
+    result = invoke("submit", "train.py", "--follow")
+    assert "[rank 1]" not in result.stdout
+
+
+def test_follow_of_a_cancelled_job_exits_1_and_says_why(gateway: FakeGateway, script: Path) -> None:
+    gateway.final_state = JobState.CANCELLED
+    result = invoke("submit", "train.py", "--follow")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[-1] == "cancelled: no reason given"
+
+
+def test_jobs_table_columns_line_up(gateway: FakeGateway) -> None:
+    gateway.add_job("train-5d41402a", JobState.RUNNING, name="nightly")
+    gateway.add_job("eval-0a1b2c3d", JobState.QUEUED, name="sweep")
+    result = invoke("jobs")
+    header, *rows = result.stdout.splitlines()
+    for column, cells in (("STATE", ["QUEUED", "RUNNING"]), ("NAME", ["sweep", "nightly"])):
+        assert [row.index(cell) for row, cell in zip(rows, cells, strict=True)] == [
+            header.index(column)
+        ] * 2
+    assert all(line == line.rstrip() for line in result.stdout.splitlines())
