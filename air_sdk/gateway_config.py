@@ -210,6 +210,18 @@ class GatewayOptions(BaseSettings):
             " (docs/scheduling.md).",
         )
     )
+    job_files_max_age_days: Annotated[float | None, Flag(metavar="DAYS")] = Field(
+        7.0,
+        ge=0,
+        description="Delete the files of jobs that ended longer ago (code copy, attempt logs,"
+        " checkpoints under the job); their records and logs stay. Checked hourly.",
+    )
+    job_files_max_gib: Annotated[float | None, Flag(metavar="GIB")] = Field(
+        None,
+        ge=0,
+        description="Keep the files of ended jobs under this many GiB, deleting the"
+        " oldest first (default: no cap).",
+    )
     backend: Literal["local", "ray"] = Field(
         "local",
         description="Where jobs run: 'local' (this machine) or 'ray' (a Ray cluster,"

@@ -32,6 +32,9 @@ class FakeGateway:
         self.logs_upto = 1 << 30
         #: what rank 0 prints while a job runs (lines of one log event)
         self.rank0_output: list[str] = []
+        #: POST /v1/admin/gc: the bodies asked and the report answered
+        self.gc_requests: list[dict] = []
+        self.gc_report: dict = {"jobs": [], "bundles": [], "bytes_freed": 0, "bytes_kept": 0}
 
     def add_job(self, job_id: str, state: JobState, **extra: object) -> JobRecord:
         now = time.time()
@@ -94,6 +97,10 @@ class FakeGateway:
         if parts == ["cluster"]:
             nodes = [{"name": f"node-{i}", "slots": 1} for i in range(2)]
             return mock_response(200, {"nodes": nodes})
+        if parts == ["admin", "gc"]:
+            asked = json.loads(request.body or b"{}")
+            self.gc_requests.append(asked)
+            return mock_response(200, {**self.gc_report, "dry_run": asked["dry_run"]})
         if parts[0] == "bundles":
             return mock_response(404 if request.method == "HEAD" else 201, None)
         if parts == ["jobs"] and request.method == "POST":

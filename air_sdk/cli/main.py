@@ -35,6 +35,7 @@ from air_sdk.cli._common import (
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.checkpoints import checkpoints_app
 from air_sdk.cli.gateway import gateway_app
+from air_sdk.cli.gc import gc as gc_command
 from air_sdk.cli.job_flags import with_job_options
 from air_sdk.cli.manifests import render_app
 from air_sdk.cli.script_args import ScriptCommand
@@ -181,8 +182,14 @@ def submit(
 
     The job options are those of `Client.submit_script` (air_sdk/client/options.py).
     """
+    from air_sdk.cli.terminal_views import BundleProgress
+
     client = make_client(gateway)
-    job = client.submit_script(script, args=list(args or ()), **options)
+    from air_sdk.client.client import default_workdir
+
+    what = str(options.get("workdir") or default_workdir(script))
+    with BundleProgress(err_console, what) as progress:
+        job = client.submit_script(script, args=list(args or ()), progress=progress, **options)
     typer.echo(job.id)
     if not follow:
         err_console.print(f"follow it with: air logs -f {job.id}", style="dim", soft_wrap=True)
@@ -363,6 +370,9 @@ def _cancel_all(client: Client, *, yes: bool) -> None:
             raise typer.Exit(1)
     for record in active:
         _print_cancelled(Job(client, record).cancel())
+
+
+app.command("gc")(gc_command)
 
 
 @app.command()

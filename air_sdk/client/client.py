@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 from urllib.parse import quote
@@ -32,7 +32,7 @@ from air_sdk.schema.api import Health, Inventory, JobList, JobRecord
 from air_sdk.schema.spec import JobSpec
 from air_sdk.schema.state import JobState
 
-__all__ = ["Client", "format_validation_error", "job_spec"]
+__all__ = ["Client", "default_workdir", "format_validation_error", "job_spec"]
 
 _M = TypeVar("_M", bound=BaseModel)
 _NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -78,6 +78,21 @@ def job_spec(**fields: Any) -> JobSpec:
         return JobSpec.model_validate(fields)
     except ValidationError as exc:
         raise SpecError(f"invalid job spec:\n{format_validation_error(exc)}") from exc
+
+
+def default_workdir(script: str | Path | None) -> Path:
+    """What `submit_script` bundles without a workdir: the working directory when the
+    script lies inside it (or for a module), else the script's own directory.
+
+    Example:
+        >>> default_workdir(None) == Path.cwd().resolve()
+        True
+    """
+    cwd = Path.cwd().resolve()
+    if script is None:
+        return cwd
+    script_path = Path(script).expanduser().resolve()
+    return cwd if script_path.is_relative_to(cwd) else script_path.parent
 
 
 def _default_name(script: Path) -> str:
@@ -213,6 +228,7 @@ class Client:
         workdir: str | Path | None = None,
         idempotency_key: str | None = None,
         extra_files: Mapping[str, bytes] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Job:
         """Upload the code (if any) and submit `spec`; returns at once with a `Job`.
 
@@ -221,6 +237,8 @@ class Client:
         bytes) are added to the bundle, replacing files of the same name; given
         without a workdir, the bundle holds only them. One Idempotency-Key is used
         for all retries of this call, so a retried POST never makes two jobs.
+        `progress(done, total)` hears the bytes packed so far while the workdir is
+        bundled (for a progress bar).
 
         Example:
             >>> spec = JobSpec(name="mnist", entrypoint="train.py", resources={"nodes": 2})
@@ -252,7 +270,7 @@ class Client:
             from air_sdk.bundle import pack_directory
 
             # raises BundleError before anything is sent
-            bundle = pack_directory(root, extra_files=extra_files)
+            bundle = pack_directory(root, extra_files=extra_files, progress=progress)
             self.upload_bundle(bundle.data, bundle.sha256)
             spec = spec.model_copy(update={"bundle_sha256": bundle.sha256})
         record = self._http.request(
@@ -268,6 +286,7 @@ class Client:
         script: str | Path | None = None,
         *,
         args: Sequence[str] = (),
+        progress: Callable[[int, int], None] | None = None,
         **options: Unpack[JobOptions],
     ) -> Job:
         """Run a torchrun-style script (or, with `module=`, `python -m MODULE`) on
@@ -278,7 +297,8 @@ class Client:
         env, max_restarts, checkpoint_every, pool, priority, accelerator, the mesh
         sizes dp_replicate, dp_shard, tp, pp, cp, module and workdir. The bundle is
         `workdir`: by default the current directory when the script is inside it
-        (or for a module), else the script's own directory.
+        (or for a module), else the script's own directory; `progress` is
+        `submit`'s.
 
         Example:
             >>> job = Client().submit_script("train.py", nodes=2, args=["--lr", "0.1"])  # doctest: +SKIP
@@ -297,14 +317,14 @@ class Client:
                 )
             root = cwd if workdir is None else Path(workdir).expanduser().resolve()
             fields.setdefault("name", _default_name(Path(f"{module}.py")))  # "pkg.train"
-            return self.submit(job_spec(args=list(args), **fields), workdir=root)
+            return self.submit(job_spec(args=list(args), **fields), workdir=root, progress=progress)
         if script is None:
             raise SpecError("give a script to run (or module= to run `python -m MODULE`)")
         script_path = Path(script).expanduser().resolve()
         if not script_path.is_file():
             raise SpecError(f"script {script} not found (looked for {script_path})")
         if workdir is None:
-            root = cwd if script_path.is_relative_to(cwd) else script_path.parent
+            root = default_workdir(script_path)
         else:
             root = Path(workdir).expanduser().resolve()
             if not script_path.is_relative_to(root):
@@ -316,7 +336,7 @@ class Client:
         spec = job_spec(
             entrypoint=script_path.relative_to(root).as_posix(), args=list(args), **fields
         )
-        return self.submit(spec, workdir=root)
+        return self.submit(spec, workdir=root, progress=progress)
 
     def upload_bundle(self, data: bytes, sha256: str) -> bool:
         """Upload a bundle unless the gateway has it already; True when bytes were sent.

@@ -34,6 +34,7 @@ from air_sdk.gateway_config import OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayO
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from air_sdk.runner import RetentionPolicy
     from air_sdk.runner.backends.base import Backend
     from air_sdk.scheduler import ClusterConfig
     from air_sdk.store import SqliteStore
@@ -111,11 +112,28 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         opts.home,
         opts.worker_url,
         policy=cluster.policy if cluster is not None else None,
+        retention=retention_policy(opts),
     )
     app = create_app(
         GatewayContext(store=store, runner=runner, home=opts.home), security=security_options(opts)
     )
     return app, token
+
+
+def retention_policy(opts: GatewayOptions) -> RetentionPolicy:
+    """When ended jobs' files go, from `--job-files-max-age-days` and `--job-files-max-gib`.
+
+    Example:
+        >>> retention_policy(GatewayOptions(job_files_max_gib=1.5)).max_bytes
+        1610612736
+    """
+    from air_sdk.runner import RetentionPolicy
+
+    days, gib = opts.job_files_max_age_days, opts.job_files_max_gib
+    return RetentionPolicy(
+        max_age_s=None if days is None else days * 86400,
+        max_bytes=None if gib is None else int(gib * (1 << 30)),
+    )
 
 
 def load_cluster(path: Path | None) -> ClusterConfig | None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import (
@@ -42,6 +43,9 @@ from air_sdk.schema import (
 )
 from air_sdk.schema.events import Alert, FailureKind
 from air_sdk.store import SqliteStore
+
+if TYPE_CHECKING:
+    from air_sdk.bundle.cache import BundleCache
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +122,7 @@ class JobController:
         teardown_grace_s: float = 5.0,
         unhealthy_nodes: Callable[[], set[str]] | None = None,
         restart_policy: RestartPolicy | None = None,
+        code_cache: BundleCache | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -148,6 +153,8 @@ class JobController:
         self.released = False
         self._unhealthy_nodes = unhealthy_nodes or (lambda: set())
         self._prepare_code = prepare_code
+        #: bundles unpacked once per sha256; the job's code dir links their files
+        self._code_cache = code_cache
         self._code_ready = False
         self._progress: dict[int, RankProgress] = {}
         self._reported_stragglers: set[int] = set()
@@ -561,7 +568,8 @@ class JobController:
         return {a.node: self.backend.node_log_tail(handle, a.node) for a in self.placement.nodes}
 
     def _ready_code(self) -> str:
-        """Unpack the bundle once per job; returns the entrypoint relative to the code dir
+        """Build the job's code dir once (the bundle's files linked from the shared cache
+        when there is one, else unpacked); returns the entrypoint relative to the code dir
         (`-m MODULE` for a module job: `program_argv` splits it for the supervisor)."""
         if self._prepare_code and not self._code_ready:
             from air_sdk.bundle import unpack_bundle
@@ -574,7 +582,14 @@ class JobController:
                         raise FileNotFoundError(
                             f"bundle {self.spec.bundle_sha256} is not on the gateway"
                         )
-                    unpack_bundle(Path(row["path"]), code, expected_sha256=self.spec.bundle_sha256)
+                    if self._code_cache is not None:
+                        self._code_cache.materialize(
+                            self.spec.bundle_sha256, Path(row["path"]), code
+                        )
+                    else:
+                        unpack_bundle(
+                            Path(row["path"]), code, expected_sha256=self.spec.bundle_sha256
+                        )
                 else:
                     code.mkdir(parents=True)
             if self.spec.code is not None:

@@ -86,3 +86,44 @@ def test_split_script_args(tokens: list[str], own: list[str], args: list[str]) -
 def test_split_refuses_an_unknown_option_before_the_program() -> None:
     with pytest.raises(UnknownOption, match="No such option: --lr"):
         split_script_args(["--lr=1", "t.py"], {"--nodes": True})
+
+
+def test_bundling_a_large_workdir_says_so_off_a_terminal(
+    gateway: FakeGateway, script: Path
+) -> None:
+    import os
+
+    (script.parent / "data.bin").write_bytes(os.urandom(20 << 20))
+    result = invoke("submit", "train.py")
+    assert result.exit_code == 0, result.output
+    assert f"bundling {script.parent.resolve()}: 20.0 MiB" in result.stderr
+
+
+def test_bundling_shows_a_progress_bar_with_bytes_on_a_terminal() -> None:
+    import io
+
+    from rich.console import Console
+
+    from air_sdk.cli.terminal_views import BundleProgress
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    with BundleProgress(console, "project/") as progress:
+        for done in range(0, 41 << 20, 8 << 20):
+            progress(done, 40 << 20)
+    shown = out.getvalue()
+    assert "bundling project/" in shown
+    assert "40.0/40.0 MiB" in shown and "B/s" in shown
+
+
+def test_a_small_bundle_shows_nothing() -> None:
+    import io
+
+    from rich.console import Console
+
+    from air_sdk.cli.terminal_views import BundleProgress
+
+    out = io.StringIO()
+    with BundleProgress(Console(file=out, force_terminal=True), "project/") as progress:
+        progress(1 << 20, 1 << 20)
+    assert out.getvalue() == ""
