@@ -199,8 +199,10 @@ def choose_port(opts: GatewayOptions) -> PortChoice:
     after it (then `PortChoice.note` says so).
 
     Example:
-        >>> choose_port(GatewayOptions(port=0)).opts.port
-        0
+        >>> probe = listen_socket("127.0.0.1", 0); port = probe.getsockname()[1]; probe.close()
+        >>> choice = choose_port(GatewayOptions(port=port))
+        >>> choice.opts.port == port, choice.note
+        (True, '')
     """
     if port_is_free(opts.host, opts.port):
         return PortChoice(opts)
@@ -219,7 +221,11 @@ def bind_or_explain(opts: GatewayOptions) -> socket.socket:
     the port (a bind that fails for another reason says that reason).
 
     Example:
-        >>> bind_or_explain(GatewayOptions(port=0)).close()
+        >>> probe = listen_socket("127.0.0.1", 0); port = probe.getsockname()[1]; probe.close()
+        >>> sock = bind_or_explain(GatewayOptions(port=port))
+        >>> sock.getsockname()[1] == port
+        True
+        >>> sock.close()
     """
     try:
         return listen_socket(opts.host, opts.port)
