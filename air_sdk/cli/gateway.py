@@ -183,9 +183,12 @@ def stop(home: HomeOption = None) -> None:
         shown = ", ".join(active[:5]) + (f" and {len(active) - 5} more" if len(active) > 5 else "")
         home_flag = f" --home {root}" if root != air_home() else ""
         console.print(
-            f"{plural(len(active), 'job')} keep running without it ({shown}): their processes"
-            " do not need the gateway, and the next `air gateway start` re-attaches to them."
-            f" To stop them: air gateway start --detach{home_flag} && air cancel --all",
+            f"{plural(len(active), 'job')} {'keeps' if len(active) == 1 else 'keep'} running"
+            f" without it ({shown}): {'its' if len(active) == 1 else 'their'} processes do not"
+            " need the gateway, and the next `air gateway start` re-attaches to"
+            f" {'it' if len(active) == 1 else 'them'}."
+            f" To stop {'it' if len(active) == 1 else 'them'}:"
+            f" air gateway start --detach{home_flag} && air cancel --all",
             soft_wrap=True,
         )
 

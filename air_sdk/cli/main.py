@@ -357,7 +357,8 @@ def _cancel_all(client: Client, *, yes: bool) -> None:
     shown = ", ".join(r.id for r in active[:5]) + (
         f" and {len(active) - 5} more" if len(active) > 5 else ""
     )
-    what = f"{plural(len(active), 'job')} that have not ended ({shown})"
+    what = f"{plural(len(active), 'job')} that {'has' if len(active) == 1 else 'have'} not ended"
+    what += f" ({shown})"
     if not yes:
         if not _stdin_is_terminal():
             raise typer.BadParameter(

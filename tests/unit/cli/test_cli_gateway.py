@@ -68,3 +68,19 @@ def test_stop_without_jobs_says_only_that_it_stopped(
     monkeypatch.setenv("AIR_HOME", str(tmp_path))
     result = invoke("gateway", "stop")
     assert result.exit_code == 0 and result.stdout == "stopped the gateway (pid 4242)\n"
+
+
+def test_stop_with_one_job_says_it_in_the_singular(
+    gateway: FakeGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway.add_job("train-00000001", JobState.RUNNING)
+    proc = GatewayProcess(pid=4242, url="http://gw.test", token="tok", log_path=tmp_path / "log")
+    monkeypatch.setattr(local_gateway, "running_gateway", lambda home: proc)
+    monkeypatch.setattr(local_gateway, "stop_detached", lambda home: True)
+    monkeypatch.setenv("AIR_HOME", str(tmp_path))
+    result = invoke("gateway", "stop")
+    assert result.stdout.splitlines()[1] == (
+        "1 job keeps running without it (train-00000001): its processes do not need the"
+        " gateway, and the next `air gateway start` re-attaches to it. To stop it:"
+        " air gateway start --detach && air cancel --all"
+    )
