@@ -75,3 +75,25 @@ def test_jobs_table_columns_line_up(gateway: FakeGateway) -> None:
             header.index(column)
         ] * 2
     assert all(line == line.rstrip() for line in result.stdout.splitlines())
+
+
+def test_on_a_terminal_output_lines_print_above_the_live_line() -> None:
+    import io
+
+    from rich.console import Console
+
+    from air_sdk.cli.terminal_views import ProgressView
+    from air_sdk.schema import JobSnapshot
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    snapshot = JobSnapshot(job_id="train-5d41402a")
+    with ProgressView(console) as view:
+        view.update(snapshot)
+        view.log(0, ["epoch 1 done"])
+        snapshot.state = JobState.SUCCEEDED
+        view.update(snapshot, force=True)
+    shown = out.getvalue()
+    assert "[rank 0] epoch 1 done" in shown
+    # the live line is drawn last, after the output line, with the final state
+    assert shown.rindex("SUCCEEDED   train-5d41402a") > shown.index("[rank 0] epoch 1 done")
