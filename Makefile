@@ -16,19 +16,25 @@ DOCTEST_PATHS := air_sdk/schema air_sdk/scheduler air_sdk/bundle air_sdk/client 
 	air_sdk/runner/backends/ray_rules.py air_sdk/notebook/snapshot_html.py \
 	air_sdk/notebook/job_views.py air_sdk/notebook/monitor_view.py air_sdk/cli/_common.py \
 	air_sdk/cli/job_flags.py air_sdk/planner \
-	air_sdk/cli/terminal_views.py
+	air_sdk/cli/terminal_views.py air_sdk/cli/script_args.py air_sdk/text.py
 
 $(STAMP): pyproject.toml
+	@echo "==> setting up $(VENV) (the first time takes about 2 minutes; later runs skip this)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> [1/3] upgrading pip"
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so the CPU wheel on this machine's disk is used and no
 	# multi-GB CUDA build is pulled by the range in pyproject.toml.
+	@echo "==> [2/3] installing torch 2.13.0 (the CPU build)"
 	$(PY) -m pip install -q torch==2.13.0
+	@echo "==> [3/3] installing AIR and its dependencies (FastAPI, Ray, JupyterLab, test tools)"
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+	@echo "==> $(VENV) is ready"
 
 ## Start an embedded gateway and train a small model on 2 virtual nodes, live.
 demo: $(STAMP)
+	@echo "==> air demo: a gateway on this machine and a 2-node DDP job, followed live"
 	$(VENV)/bin/air demo
 
 ## The whole suite: lint, types and doctests first (fast), then unit + integration with

@@ -77,7 +77,8 @@ def air_home() -> Path:
 class ClientSettings(BaseSettings):
     """Where the gateway is and how to authenticate to it."""
 
-    model_config = SettingsConfigDict(env_prefix="AIR_", extra="ignore")
+    # An empty variable (`AIR_TOKEN=`) means unset: the config file's value stands.
+    model_config = SettingsConfigDict(env_prefix="AIR_", extra="ignore", env_ignore_empty=True)
 
     gateway_url: str = Field(DEFAULT_GATEWAY_URL, description="Base URL of the gateway.")
     token: str | None = Field(None, description="Bearer token for the gateway.")
@@ -111,6 +112,40 @@ def load_client_settings(**overrides: Any) -> ClientSettings:
         raise ConfigError(f"{config_file()} is not valid TOML: {exc}; fix or delete it") from exc
     except ValueError as exc:
         raise ConfigError(f"bad AIR settings: {exc}") from exc
+
+
+def token_refused_message(gateway_url: str, token: str | None, explicit: bool) -> str:
+    """What every command says when the gateway refuses the token (HTTP 401): where
+    the token came from and what to do, the same on every route.
+
+    Example:
+        >>> print(token_refused_message("http://127.0.0.1:8470", None, False))  # doctest: +ELLIPSIS
+        the gateway at http://127.0.0.1:8470 needs a token and none was given: set AIR_TOKEN, or start the gateway with `air gateway start`, which writes one to .../config.toml
+    """
+    config = config_file()
+    if not token:
+        return (
+            f"the gateway at {gateway_url} needs a token and none was given: set AIR_TOKEN,"
+            f" or start the gateway with `air gateway start`, which writes one to {config}"
+        )
+    if explicit:
+        where, fix = "the token given", "give a token this gateway issued"
+    elif os.environ.get("AIR_TOKEN"):
+        where = "the token in AIR_TOKEN"
+        fix = (
+            f"set AIR_TOKEN to a token this gateway issued (`air admin token create`),"
+            f" or unset it to use the one in {config}"
+        )
+    else:
+        where = f"the token in {config}"
+        fix = (
+            "`air gateway start` rewrites it for the gateway on this machine; for another,"
+            " set AIR_TOKEN to a token it issued (`air admin token create`)"
+        )
+    return (
+        f"the gateway at {gateway_url} does not accept {where} (revoked, or issued by"
+        f" another gateway): {fix}"
+    )
 
 
 def write_client_config(gateway_url: str, token: str, path: Path | None = None) -> Path:

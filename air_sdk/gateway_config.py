@@ -232,6 +232,24 @@ class GatewayOptions(BaseSettings):
             " (docs/scheduling.md).",
         )
     )
+    job_files_max_age_days: Annotated[float | None, Flag(metavar="DAYS")] = Field(
+        7.0,
+        ge=0,
+        description="Delete the files of jobs that ended longer ago (code copy, attempt logs;"
+        " checkpoints under the job only with --job-files-include-checkpoints); their"
+        " records and logs stay. Checked hourly.",
+    )
+    job_files_max_gib: Annotated[float | None, Flag(metavar="GIB")] = Field(
+        None,
+        ge=0,
+        description="Keep the files of ended jobs under this many GiB, deleting the"
+        " oldest first (default: no cap).",
+    )
+    job_files_include_checkpoints: bool = Field(
+        False,
+        description="Let retention and `air gc` delete the checkpoints kept under an ended"
+        " job's directory too (default: they stay, for resumes and `air checkpoints export`).",
+    )
     backend: Literal["local", "ray"] = Field(
         "local",
         description="Where jobs run: 'local' (this machine) or 'ray' (a Ray cluster,"

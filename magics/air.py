@@ -32,7 +32,7 @@ from IPython.core.magic_arguments import argument, argument_group, magic_argumen
 from IPython.display import display
 from IPython.utils.process import arg_split
 
-from air_sdk.client.options import JOB_OPTIONS, JobOption
+from air_sdk.client.options import CELL_OPTIONS, JobOption
 from air_sdk.errors import AirError, SpecError
 from air_sdk.notebook.job_views import JobsTable, gateway_status_text, job_status_text
 from air_sdk.schema.state import JobState
@@ -50,7 +50,7 @@ DEFAULT_VIRTUAL_NODES = 2
 
 # option dest -> the commands it applies to (every job option: `train`)
 _OPTION_COMMANDS: dict[str, tuple[str, ...]] = {
-    **{option.name: ("train",) for option in JOB_OPTIONS},
+    **{option.name: ("train",) for option in CELL_OPTIONS},
     "files": ("train",),
     "max_value_mib": ("train",),
     "wait": ("train",),
@@ -75,10 +75,10 @@ _NUM_ARGS = {
 }
 _ARG_HINT = {
     "gateway": "start, stop or status (e.g. %air gateway start)",
-    "status": "a job id (e.g. %air status j-3f2a; %air jobs lists them)",
-    "logs": "a job id (e.g. %air logs j-3f2a --tail 20)",
-    "cancel": "a job id (e.g. %air cancel j-3f2a)",
-    "attach": "a job id (e.g. %air attach j-3f2a)",
+    "status": "a job id (e.g. %air status train-5d41402a; %air jobs lists them)",
+    "logs": "a job id (e.g. %air logs train-5d41402a --tail 20)",
+    "cancel": "a job id (e.g. %air cancel train-5d41402a)",
+    "attach": "a job id (e.g. %air attach train-5d41402a)",
 }
 
 
@@ -159,7 +159,7 @@ def _job_option_kwargs(option: JobOption) -> dict[str, Any]:
 
 def _job_option_arguments(func: _F) -> _F:
     """One `@argument` per declared job option, in declaration order."""
-    for option in reversed(JOB_OPTIONS):  # construct_parser reads them last-applied first
+    for option in reversed(CELL_OPTIONS):  # construct_parser reads them last-applied first
         func = argument(*option.flags, **_job_option_kwargs(option))(func)
     return func
 
@@ -290,7 +290,7 @@ class AirMagics(Magics):
         from air_sdk.notebook.capture import CellCaptureError
         from air_sdk.notebook.cell_job import submit_cell, wait_for_end
 
-        options = {option.name: getattr(args, option.name) for option in JOB_OPTIONS}
+        options = {option.name: getattr(args, option.name) for option in CELL_OPTIONS}
         if options["env"] is not None:
             options["env"] = dict(options["env"])
         try:

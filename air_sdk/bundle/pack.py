@@ -14,7 +14,7 @@ import io
 import os
 import stat
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,8 +92,12 @@ def pack_directory(
     extra_files: Mapping[str, bytes] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_files: int = DEFAULT_MAX_FILES,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Bundle:
     """Pack the regular files under `root` into a deterministic tar.gz.
+
+    `progress(done, total)` hears the bytes of file content packed so far after each
+    file (`total`: all of them), for a progress bar.
 
     Left out: `DEFAULT_IGNORES`, patterns of `.gitignore` files (nested ones
     apply to their subtree) and of `root/.airignore` (which wins over
@@ -130,7 +134,7 @@ def pack_directory(
     entries = sorted(by_name.values(), key=lambda entry: entry.name)
     _check_limits(entries, max_bytes=max_bytes, max_files=max_files, truncated=truncated)
     _check_no_file_dir_clash(entries)
-    data, size = _write_tar_gz(entries, extras, max_bytes=max_bytes)
+    data, size = _write_tar_gz(entries, extras, max_bytes=max_bytes, progress=progress)
     return Bundle(
         data=data,
         sha256=bundle_bytes_sha256(data),
@@ -345,10 +349,15 @@ def _check_no_file_dir_clash(entries: list[_Entry]) -> None:
 
 
 def _write_tar_gz(
-    entries: list[_Entry], extras: Mapping[str, bytes], *, max_bytes: int
+    entries: list[_Entry],
+    extras: Mapping[str, bytes],
+    *,
+    max_bytes: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[bytes, int]:
     buffer = io.BytesIO()
     total = 0
+    expected = sum(entry.size for entry in entries)
     # filename="" and mtime=0 keep the gzip header free of anything that varies.
     with (
         gzip.GzipFile(
@@ -369,6 +378,8 @@ def _write_tar_gz(
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(content))
+            if progress is not None:
+                progress(total, max(expected, total))
     return buffer.getvalue(), total
 
 

@@ -18,18 +18,21 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 import typer
 from annotated_types import Ge, Le
 from pydantic import ValidationError
+from rich.markup import escape
 
 from air_sdk.cli._common import (
     EXIT_FAILED,
     GatewayOption,
     choices_enum,
     console,
+    err_console,
     handle_errors,
 )
 from air_sdk.client.client import format_validation_error
 from air_sdk.config import air_home
 from air_sdk.errors import ConfigError
 from air_sdk.gateway_config import GatewayOptions
+from air_sdk.text import plural
 
 __all__ = ["gateway_app"]
 
@@ -151,6 +154,8 @@ def start(
         return
     with console.status(f"starting a gateway on {opts.url} ..."):
         proc = start_detached(opts)
+    if proc.port_note:
+        err_console.print(f"[yellow]{escape(proc.port_note)}[/]", soft_wrap=True)
     custom_home = opts.home != air_home()
     console.print(
         f"gateway running at [bold]{proc.url}[/] (pid {proc.pid}, {opts.num_nodes} nodes)\n"
@@ -163,23 +168,48 @@ def start(
 @gateway_app.command()
 @handle_errors
 def stop(home: HomeOption = None) -> None:
-    """Stop the background gateway started with `air gateway start --detach`."""
+    """Stop the background gateway started with `air gateway start --detach`; its jobs
+    keep running (the next start re-attaches to them)."""
     from air_sdk.client.local_gateway import running_gateway, stop_detached
 
     root = home or air_home()
     proc = running_gateway(root)
+    active = _active_jobs(proc.url, proc.token) if proc is not None else []
     if not stop_detached(root):
         console.print(f"no gateway is running from {root}")
         return
     console.print(f"stopped the gateway{f' (pid {proc.pid})' if proc else ''}")
+    if active:
+        shown = ", ".join(active[:5]) + (f" and {len(active) - 5} more" if len(active) > 5 else "")
+        home_flag = f" --home {root}" if root != air_home() else ""
+        console.print(
+            f"{plural(len(active), 'job')} {'keeps' if len(active) == 1 else 'keep'} running"
+            f" without it ({shown}): {'its' if len(active) == 1 else 'their'} processes do not"
+            " need the gateway, and the next `air gateway start` re-attaches to"
+            f" {'it' if len(active) == 1 else 'them'}."
+            f" To stop {'it' if len(active) == 1 else 'them'}:"
+            f" air gateway start --detach{home_flag} && air cancel --all",
+            soft_wrap=True,
+        )
+
+
+def _active_jobs(url: str, token: str) -> list[str]:
+    """Ids of the jobs that have not ended on the gateway at `url` ([] when it does not
+    say: stopping goes ahead anyway)."""
+    from air_sdk.cli.main import make_client
+    from air_sdk.errors import AirError
+
+    try:
+        with make_client(url, token or None, max_attempts=1) as client:
+            return [record.id for record in client.active_jobs()]
+    except AirError:
+        return []
 
 
 @gateway_app.command()
 @handle_errors
 def status(home: HomeOption = None, gateway: GatewayOption = None) -> None:
     """Is a gateway up? Its URL, version and nodes."""
-    from rich.markup import escape
-
     from air_sdk.cli.main import make_client
     from air_sdk.client.local_gateway import running_gateway
     from air_sdk.errors import AirError, TransportError

@@ -1,8 +1,10 @@
 """The `air` command: submit and watch jobs, run a local gateway, try the demo.
 
     air gateway start --detach           # a gateway with 2 virtual nodes on this machine
-    air submit train.py --nodes 2 --follow -- --epochs 3
-    air jobs / air status JOB / air logs -f JOB / air metrics JOB / air cancel JOB
+    air submit train.py --nodes 2 --follow --epochs 3
+    air submit -m mypkg.train --nodes 2  # python -m, as torchrun -m
+    air jobs / air status [JOB] / air logs -f [JOB] / air metrics JOB / air cancel [JOB]
+    air cancel --all                     # every job that has not ended (asks first)
     air checkpoints JOB / air checkpoints export JOB --to model.safetensors
     air demo                             # a 2-node DDP job end to end
     air admin token create --role viewer # tenants and tokens (admin token)
@@ -15,6 +17,7 @@ its inputs must change, 1 otherwise.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Unpack
 
@@ -32,14 +35,19 @@ from air_sdk.cli._common import (
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.checkpoints import checkpoints_app
 from air_sdk.cli.gateway import gateway_app
+from air_sdk.cli.gc import gc as gc_command
 from air_sdk.cli.job_flags import with_job_options
 from air_sdk.cli.manifests import render_app
 from air_sdk.cli.plan import plan_command
+from air_sdk.cli.script_args import ScriptCommand
 from air_sdk.client.options import JobOptions
+from air_sdk.errors import AirError
 from air_sdk.schema.state import JobState
+from air_sdk.text import plural, span
 
 if TYPE_CHECKING:
-    from air_sdk.client import Client
+    from air_sdk.client import Client, Job
+    from air_sdk.schema.api import JobRecord
 
 __all__ = ["app", "main", "make_client"]
 
@@ -60,6 +68,14 @@ app.command("plan")(plan_command)
 DEFAULT_METRIC_ROWS = 20
 
 JobArgument = Annotated[str, typer.Argument(metavar="JOB", help="Job id (from `air jobs`).")]
+OptionalJobArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="[JOB]",
+        help="Job id (from `air jobs`); default: your newest job.",
+        show_default=False,
+    ),
+]
 
 
 def make_client(
@@ -89,6 +105,32 @@ def _root(
     """AIR: multi-node PyTorch training from your laptop, notebook or cluster."""
 
 
+def _stdin_is_terminal() -> bool:
+    """Whether a person can answer a question (tests replace it)."""
+    return sys.stdin.isatty()
+
+
+def _job_or_newest(client: Client, job_id: str | None, command: str) -> Job:
+    """The job `job_id` names, or, without one, the newest job of this tenant (said on
+    stderr, as `sky jobs logs` does)."""
+    if job_id is not None:
+        return client.job(job_id)
+    from air_sdk.client import Job
+
+    newest = client.newest_job()
+    if newest is None:
+        raise AirError(
+            f"you have no jobs on {client.gateway_url} yet: submit one with `air submit`"
+        )
+    err_console.print(
+        f"job {newest.id} ({newest.name}, {newest.state.value}): your newest;"
+        f" `air {command} JOB` for another",
+        style="dim",
+        soft_wrap=True,
+    )
+    return Job(client, newest)
+
+
 def _reattach_hint(job_id: str) -> None:
     err_console.print(
         f"\ndetached from job {job_id}; it keeps running.\n"
@@ -98,38 +140,58 @@ def _reattach_hint(job_id: str) -> None:
     )
 
 
-@app.command()
+@app.command(cls=ScriptCommand)
 @handle_errors
 @with_job_options
 def submit(
     script: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
             metavar="SCRIPT",
             exists=True,
             dir_okay=False,
             readable=True,
-            help="The training script (torchrun-style).",
+            show_default=False,
+            help="The training script (torchrun-style); or give -m MODULE instead.",
         ),
-    ],
+    ] = None,
     args: Annotated[
         list[str] | None,
-        typer.Argument(metavar="[-- ARGS...]", help="Arguments for the script, after `--`."),
+        typer.Argument(
+            metavar="ARGS",
+            show_default=False,
+            help="Arguments for the script: everything from the first option `air submit`"
+            " does not know (or after `--`) on.",
+        ),
     ] = None,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Show live progress until the job ends.")
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Show live progress and rank 0's output until the job ends."
+        ),
+    ] = False,
+    all_ranks: Annotated[
+        bool, typer.Option("--all-ranks", help="With --follow: every rank's output, not rank 0's.")
     ] = False,
     gateway: GatewayOption = None,
     **options: Unpack[JobOptions],
 ) -> None:
-    """Submit SCRIPT as a multi-node job; prints the job id.
+    """Submit SCRIPT (or -m MODULE) as a multi-node job; prints the job id.
 
-    Example: air submit train.py --nodes 2 --env LR=0.1 --follow -- --epochs 3
+    Example: air submit train.py --nodes 2 --env LR=0.1 --follow --epochs 3
+
+    As with torchrun, what follows the script is the script's: `air submit` keeps the flags it knows up to the first one it does not, and `--` passes the rest as is.
 
     The job options are those of `Client.submit_script` (air_sdk/client/options.py).
     """
+    from air_sdk.cli.terminal_views import BundleProgress
+
     client = make_client(gateway)
-    job = client.submit_script(script, args=list(args or ()), **options)
+    from air_sdk.client.client import default_workdir
+
+    what = str(options.get("workdir") or default_workdir(script))
+    with BundleProgress(err_console, what) as progress:
+        job = client.submit_script(script, args=list(args or ()), progress=progress, **options)
     typer.echo(job.id)
     if not follow:
         err_console.print(f"follow it with: air logs -f {job.id}", style="dim", soft_wrap=True)
@@ -137,7 +199,7 @@ def submit(
     from air_sdk.cli.terminal_views import follow_to_end
 
     try:
-        code = follow_to_end(job, console)
+        code = follow_to_end(job, console, log_ranks="all" if all_ranks else "rank0")
     except KeyboardInterrupt:
         _reattach_hint(job.id)
         code = EXIT_INTERRUPTED
@@ -168,11 +230,13 @@ def list_jobs(
 
 @app.command()
 @handle_errors
-def status(job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOption = None) -> None:
+def status(
+    job_id: OptionalJobArgument = None, as_json: JsonOption = False, gateway: GatewayOption = None
+) -> None:
     """State, attempts, progress and (for a failure) which rank failed and why."""
     from air_sdk.cli.terminal_views import status_text
 
-    job = make_client(gateway).job(job_id)
+    job = _job_or_newest(make_client(gateway), job_id, "status")
     record = job.record()
     if as_json:
         echo_json(record.model_dump(mode="json"))
@@ -183,9 +247,14 @@ def status(job_id: JobArgument, as_json: JsonOption = False, gateway: GatewayOpt
 @app.command()
 @handle_errors
 def logs(
-    job_id: JobArgument,
+    job_id: OptionalJobArgument = None,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new lines.")
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep printing new lines until the job ends (exit 0: it succeeded).",
+        ),
     ] = False,
     rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
     attempt: Annotated[int | None, typer.Option(help="Only this attempt.")] = None,
@@ -193,10 +262,16 @@ def logs(
     gateway: GatewayOption = None,
 ) -> None:
     """Print a job's logs, each line prefixed with its rank; -f follows until the job ends."""
-    from air_sdk.client import Job
+    from air_sdk.cli.terminal_views import exit_code_of
     from air_sdk.schema.events import EventType, LogBatch
 
-    job = Job(make_client(gateway), job_id)
+    job = _job_or_newest(make_client(gateway), job_id, "logs")
+    world_size = job.record().spec.resources.world_size
+    if rank is not None and not 0 <= rank < world_size:
+        raise typer.BadParameter(
+            f"job {job.id} has {span('rank', world_size)}; there is no rank {rank}",
+            param_hint="'--rank'",
+        )
     last_seq = 0
     for page in job.log_pages(rank=rank, attempt=attempt, tail=tail):  # bounded pages
         for line in page.lines:
@@ -218,6 +293,7 @@ def logs(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     final = job.record()
     err_console.print(f"job {job.id} ended: {final.state.value}", style="dim", soft_wrap=True)
+    raise typer.Exit(exit_code_of(final.state))
 
 
 @app.command()
@@ -249,15 +325,59 @@ def metrics(
 
 @app.command()
 @handle_errors
-def cancel(job_id: JobArgument, gateway: GatewayOption = None) -> None:
-    """Cancel a job (all its ranks, on every node)."""
-    from air_sdk.client import Job
+def cancel(
+    job_id: OptionalJobArgument = None,
+    all_jobs: Annotated[
+        bool, typer.Option("--all", help="Every job of yours that has not ended (asks first).")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="With --all: do not ask.")] = False,
+    gateway: GatewayOption = None,
+) -> None:
+    """Cancel a job (all its ranks, on every node); default: your newest job."""
+    client = make_client(gateway)
+    if all_jobs:
+        if job_id is not None:
+            raise typer.BadParameter("give JOB or --all, not both", param_hint="'--all'")
+        _cancel_all(client, yes=yes)
+        return
+    _print_cancelled(_job_or_newest(client, job_id, "cancel").cancel())
 
-    record = Job(make_client(gateway), job_id).cancel()
+
+def _print_cancelled(record: JobRecord) -> None:
     if record.state.terminal and record.state is not JobState.CANCELLED:
         console.print(f"job {record.id} had already ended: {record.state.value}")
     else:
         console.print(f"cancel requested for job {record.id} (now {record.state.value})")
+
+
+def _cancel_all(client: Client, *, yes: bool) -> None:
+    """`air cancel --all`: every job that has not ended, after a yes (or --yes)."""
+    from air_sdk.client import Job
+
+    active = client.active_jobs()
+    if not active:
+        console.print("no queued or running jobs to cancel")
+        return
+    shown = ", ".join(r.id for r in active[:5]) + (
+        f" and {len(active) - 5} more" if len(active) > 5 else ""
+    )
+    what = f"{plural(len(active), 'job')} that {'has' if len(active) == 1 else 'have'} not ended"
+    what += f" ({shown})"
+    if not yes:
+        if not _stdin_is_terminal():
+            raise typer.BadParameter(
+                f"this would cancel {what}; nobody can confirm here (not a terminal):"
+                " add --yes to cancel them",
+                param_hint="'--all'",
+            )
+        if not typer.confirm(f"cancel {what}?", default=False, err=True):
+            err_console.print("nothing cancelled")
+            raise typer.Exit(1)
+    for record in active:
+        _print_cancelled(Job(client, record).cancel())
+
+
+app.command("gc")(gc_command)
 
 
 @app.command()

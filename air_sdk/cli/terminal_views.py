@@ -11,22 +11,39 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
 from air_sdk.schema.api import JobRecord, MetricRow
+from air_sdk.schema.events import EventType, LogBatch
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
 from air_sdk.schema.state import JobState
+from air_sdk.text import plural
 
 if TYPE_CHECKING:
     from air_sdk.client.job import Job
 
 __all__ = [
+    "BUNDLE_PROGRESS_MIN_BYTES",
+    "STATE_WIDTH",
+    "BundleProgress",
+    "LogRanks",
     "ProgressView",
+    "attempt_text",
+    "exit_code_of",
     "failure_lines",
     "follow_to_end",
     "format_age",
@@ -58,14 +75,36 @@ _STATE_STYLE = {
 }
 
 
-def state_badge(state: JobState) -> Text:
-    """The state as a coloured badge.
+#: the longest state name (RESTARTING): line-by-line output pads states to it
+STATE_WIDTH = max(len(s.value) for s in JobState)
+
+
+def state_badge(state: JobState, *, width: int = 0) -> Text:
+    """The state as a coloured badge, padded after its name to `width` (no padding
+    before it, so it lines up with the column it sits in).
 
     Example:
         >>> state_badge(JobState.RUNNING).plain
-        ' RUNNING '
+        'RUNNING'
+        >>> state_badge(JobState.QUEUED, width=STATE_WIDTH).plain
+        'QUEUED    '
     """
-    return Text(f" {state.value} ", style=_STATE_STYLE.get(state, ""))
+    badge = Text(state.value, style=_STATE_STYLE.get(state, ""))
+    badge.pad_right(max(width - len(state.value), 0))
+    return badge
+
+
+def attempt_text(attempt: int, num_restarts: int = 0) -> str:
+    """ "attempt 2 (1 restart)"; "" for a first attempt without restarts (nothing to say).
+
+    Example:
+        >>> attempt_text(1), attempt_text(3, 2)
+        ('', 'attempt 3 (2 restarts)')
+    """
+    if attempt <= 1 and not num_restarts:
+        return ""
+    restarts = f" ({plural(num_restarts, 'restart')})" if num_restarts else ""
+    return f"attempt {attempt}{restarts}"
 
 
 def format_age(seconds: float) -> str:
@@ -99,7 +138,9 @@ def jobs_table(records: Sequence[JobRecord], *, now: float | None = None) -> Tab
     now = time.time() if now is None else now
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("ID", "NAME", "STATE", "NODES x PROCS", "ATTEMPT", "AGE"):
-        table.add_column(column, no_wrap=True)
+        # numbers to the right (the last column then ends without trailing blanks)
+        right = column in ("ATTEMPT", "AGE")
+        table.add_column(column, no_wrap=True, justify="right" if right else "left")
     for record in records:
         resources = record.spec.resources
         table.add_row(
@@ -119,24 +160,37 @@ def failure_lines(record: JobRecord, snapshot: JobSnapshot | None = None) -> lis
     Example:
         >>> from air_sdk.schema import FailureInfo, JobSpec
         >>> record = JobRecord(
-        ...     id="j-1", tenant="t", name="demo", state=JobState.FAILED, created_at=0,
+        ...     id="demo-3f2a9c1e", tenant="t", name="demo", state=JobState.FAILED, created_at=0,
         ...     updated_at=0, spec=JobSpec(entrypoint="train.py"),
         ...     failure=FailureInfo(attempt=1, reason="worker crashed", rank=1, exit_code=3),
         ... )
         >>> failure_lines(record)[0].plain
-        'failed: rank 1 exit code 3 (attempt 1): worker crashed'
+        'failed: rank 1 exit code 3: worker crashed'
+        >>> failure_lines(record.model_copy(update={"failure": FailureInfo(
+        ...     attempt=2, reason="rank 1 exit code 3", rank=1, exit_code=3)}))[0].plain
+        'failed: rank 1 exit code 3 (attempt 2)'
     """
     lines: list[Text] = []
     failure = record.failure
     tail: list[str] = []
     if failure is not None:
+        where = ""
         if failure.rank is not None:
-            how = f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
-            where = f"rank {failure.rank} {how} (attempt {failure.attempt})"
-        else:
-            where = f"attempt {failure.attempt}"
-        reason = f": {failure.reason}" if failure.reason else ""
-        lines.append(Text(f"failed: {where}{reason}", style="bold red"))
+            how = (
+                f"killed by {failure.signal}"
+                if failure.signal
+                else f"exit code {failure.exit_code}"
+            )
+            where = f"rank {failure.rank} {how}"
+        reason = failure.reason or ""
+        if where and reason.startswith(where):  # the runner's reason already says it
+            where, reason = reason, ""
+        if failure.attempt > 1:
+            where = (
+                f"{where} (attempt {failure.attempt})" if where else f"attempt {failure.attempt}"
+            )
+        text = ": ".join(part for part in (where, reason) if part) or "no reason recorded"
+        lines.append(Text(f"failed: {text}", style="bold red"))
         tail = list(failure.log_tail)
         if not tail and failure.rank is not None and snapshot is not None:
             tail = snapshot.log_tail.get(failure.rank, [])
@@ -162,12 +216,12 @@ def status_text(record: JobRecord, snapshot: JobSnapshot | None) -> Group:
         (record.id, "bold"),
         f"  {record.name}  ",
         state_badge(record.state),
-        f"  {resources.nodes} x {resources.ranks_per_node} ranks",
+        f"  {plural(resources.nodes, 'node')} x {plural(resources.ranks_per_node, 'rank')}",
     )
     parts: list[RenderableType] = [head]
     if record.state_reason:
         parts.append(Text(f"reason: {record.state_reason}"))
-    restarts = f" ({record.num_restarts} restarts)" if record.num_restarts else ""
+    restarts = f" ({plural(record.num_restarts, 'restart')})" if record.num_restarts else ""
     parts.append(Text(f"attempt: {record.attempt}{restarts}"))
     if record.state is JobState.QUEUED:
         if record.queue_position is not None:
@@ -210,16 +264,20 @@ def _si(value: float) -> str:
 
 
 def progress_line(snapshot: JobSnapshot, *, elapsed_s: float | None = None) -> Text:
-    """The live line: badge, attempt, step, latest metrics, steps/s, elapsed.
+    """The live line: state, job, attempt (from the second on), step, latest metrics,
+    steps/s, elapsed. States are padded to one width, so lines printed one after the
+    other line up.
 
     Example:
-        >>> progress_line(JobSnapshot(job_id="j")).plain
-        ' QUEUED   j'
+        >>> progress_line(JobSnapshot(job_id="train-5d41402a")).plain
+        'QUEUED      train-5d41402a'
     """
-    text = Text.assemble(state_badge(snapshot.state), "  ", (snapshot.job_id, "bold"))
-    if snapshot.attempt:
-        restarts = f", {snapshot.num_restarts} restarts" if snapshot.num_restarts else ""
-        text.append(f"  attempt {snapshot.attempt}{restarts}")
+    text = Text.assemble(
+        state_badge(snapshot.state, width=STATE_WIDTH), "  ", (snapshot.job_id, "bold")
+    )
+    attempt = attempt_text(snapshot.attempt, snapshot.num_restarts)
+    if attempt:
+        text.append(f"  {attempt}")
     metrics = progress_metrics(snapshot)
     if metrics:
         text.append(f"  {metrics}")
@@ -241,33 +299,46 @@ def metrics_table(rows: Iterable[MetricRow]) -> Table:
     return table
 
 
-def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Table:
-    """The end-of-run summary: final state, attempts, steps, final loss, steps/s."""
-    table = Table.grid(padding=(0, 2))
-    table.add_column(style="dim")
-    table.add_column()
-    table.add_row("job", f"{record.id} ({record.name})")
-    table.add_row("final state", state_badge(record.state))
-    restarts = f" ({record.num_restarts} restarts)" if record.num_restarts else ""
-    table.add_row("attempts", f"{record.attempt}{restarts}")
-    table.add_row("steps", "-" if snapshot.step is None else str(snapshot.step))
+def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
+    """The end-of-run summary: final state, attempts, steps, final loss, steps/s; one
+    line per row, values in one column, no trailing blanks.
+
+    Example:
+        >>> from air_sdk.schema import JobSpec
+        >>> rec = JobRecord(id="train-5d41402a", tenant="t", name="train", created_at=0,
+        ...     updated_at=0, state=JobState.SUCCEEDED, attempt=1, spec=JobSpec(entrypoint="t.py"))
+        >>> for line in summary_table(rec, JobSnapshot(job_id=rec.id)).renderables[:3]:
+        ...     print(line.plain)
+        job           train-5d41402a (train)
+        final state   SUCCEEDED
+        attempts      1
+    """
+    restarts = f" ({plural(record.num_restarts, 'restart')})" if record.num_restarts else ""
     name = loss_name(snapshot.latest)
     loss = None if name is None else snapshot.latest[name]
-    table.add_row("final loss", "-" if loss is None else _fmt(loss))
     rate = snapshot.steps_per_second
-    table.add_row("steps/second", "-" if rate is None else f"{rate:.1f}")
+    rows: list[tuple[str, str | Text]] = [
+        ("job", f"{record.id} ({record.name})"),
+        ("final state", state_badge(record.state)),
+        ("attempts", f"{record.attempt}{restarts}"),
+        ("steps", "-" if snapshot.step is None else str(snapshot.step)),
+        ("final loss", "-" if loss is None else _fmt(loss)),
+        ("steps/second", "-" if rate is None else f"{rate:.1f}"),
+    ]
     if snapshot.tokens_per_s is not None:
-        table.add_row("tokens/second", _si(snapshot.tokens_per_s))
+        rows.append(("tokens/second", _si(snapshot.tokens_per_s)))
     if snapshot.mfu is not None:
-        table.add_row("MFU", f"{snapshot.mfu:.1%}")
+        rows.append(("MFU", f"{snapshot.mfu:.1%}"))
     if record.started_at is not None and record.ended_at is not None:
-        table.add_row("wall time", f"{record.ended_at - record.started_at:.1f} s")
-    return table
+        rows.append(("wall time", f"{record.ended_at - record.started_at:.1f} s"))
+    width = max(len(label) for label, _ in rows) + 2
+    return Group(*(Text.assemble((label.ljust(width), "dim"), value) for label, value in rows))
 
 
 class ProgressView:
     """A live progress line for a followed job: redrawn in place on a terminal
     (at most `MAX_REDRAWS_PER_S`), one line per state change elsewhere (CI, pipes).
+    Log lines (`log`) are printed above it as they come.
 
     Example:
         >>> with ProgressView(console) as view:  # doctest: +SKIP
@@ -281,7 +352,7 @@ class ProgressView:
         self._live: Live | None = None
         self._last_draw = 0.0
         self._started = time.monotonic()
-        self._last_key: tuple[JobState, int] | None = None
+        self._last_state: JobState | None = None
         self._last_plain = ""
         self._snapshot: JobSnapshot | None = None
 
@@ -303,15 +374,21 @@ class ProgressView:
         if self._live is not None:
             self._live.stop()
 
+    def log(self, rank: int | None, lines: Sequence[str]) -> None:
+        """Print a rank's output lines, `[rank R] ` first, as `air logs` does (above the
+        live line on a terminal; the text is the script's, never read as markup)."""
+        prefix = f"[rank {rank if rank is not None else '?'}] "
+        for line in lines:
+            self.console.print(Text(prefix + line), soft_wrap=True)
+
     def update(self, snapshot: JobSnapshot, *, force: bool = False) -> None:
         self._snapshot = snapshot
         if self._live is None:
-            # Not a terminal (CI, a pipe): a line per state or attempt change, and the
-            # final line when it says more than the last one printed.
-            key = (snapshot.state, snapshot.attempt)
+            # Not a terminal (CI, a pipe): a line per state change, and the final line
+            # when it says more than the last one printed.
             line = progress_line(snapshot)
-            if key != self._last_key or (force and line.plain != self._last_plain):
-                self._last_key, self._last_plain = key, line.plain
+            if snapshot.state is not self._last_state or (force and line.plain != self._last_plain):
+                self._last_state, self._last_plain = snapshot.state, line.plain
                 self.console.print(line, soft_wrap=True)
             return
         now = time.monotonic()
@@ -322,23 +399,36 @@ class ProgressView:
         self._live.update(line, refresh=True)
 
 
-def watch(job: Job, console: Console) -> tuple[JobSnapshot, JobRecord]:
-    """Follow `job` to its end with a `ProgressView`; return the final snapshot and record.
+#: which ranks' output `watch` prints: rank 0's (as `ray job submit` shows the
+#: driver's), every rank's, or none
+LogRanks = Literal["rank0", "all", "none"]
+
+
+def watch(
+    job: Job, console: Console, *, log_ranks: LogRanks = "rank0"
+) -> tuple[JobSnapshot, JobRecord]:
+    """Follow `job` to its end with a `ProgressView`, printing the output of
+    `log_ranks` as it comes; return the final snapshot and record.
 
     Example:
-        >>> snapshot, record = watch(client.job("j-3f2a"), console)  # doctest: +SKIP
+        >>> snapshot, record = watch(client.job("train-5d41402a"), console)  # doctest: +SKIP
     """
     snapshot = JobSnapshot(job_id=job.id)
     with ProgressView(console) as view:
         view.update(snapshot)
         for event in job.follow(after=0):
             snapshot.apply(event)
+            if event.type is EventType.LOG and (
+                log_ranks == "all" or (log_ranks == "rank0" and event.rank == 0)
+            ):
+                view.log(event.rank, event.payload_as(LogBatch).lines)
             view.update(snapshot)
     return snapshot, job.record()
 
 
-def follow_to_end(job: Job, console: Console) -> int:
-    """Live progress until the job ends, then the summary (and the failure, if any).
+def follow_to_end(job: Job, console: Console, *, log_ranks: LogRanks = "rank0") -> int:
+    """Live progress and the output of `log_ranks` until the job ends, then the
+    summary (and the failure, if any).
 
     Returns the exit code for the command: 0 when the job SUCCEEDED, else 1.
     KeyboardInterrupt passes through (the caller says how to reattach).
@@ -346,13 +436,83 @@ def follow_to_end(job: Job, console: Console) -> int:
     Example:
         >>> raise SystemExit(follow_to_end(job, console))  # doctest: +SKIP
     """
-    snapshot, record = watch(job, console)
+    snapshot, record = watch(job, console, log_ranks=log_ranks)
     console.print(summary_table(record, snapshot))
-    if record.state is JobState.SUCCEEDED:
-        return 0
     if record.state is JobState.FAILED:
         for line in failure_lines(record, snapshot):
             console.print(line, soft_wrap=True)
-    else:
-        console.print(f"{record.state.value.lower()}: {record.state_reason or 'no reason given'}")
-    return 1
+    elif record.state is not JobState.SUCCEEDED:
+        console.print(
+            f"{record.state.value.lower()}: {record.state_reason or 'no reason given'}",
+            soft_wrap=True,
+        )
+    return exit_code_of(record.state)
+
+
+def exit_code_of(state: JobState) -> int:
+    """The exit code of a command that followed a job to `state`: 0 for SUCCEEDED, 1
+    for FAILED or CANCELLED (docs/cli.md).
+
+    Example:
+        >>> exit_code_of(JobState.SUCCEEDED), exit_code_of(JobState.CANCELLED)
+        (0, 1)
+    """
+    return 0 if state is JobState.SUCCEEDED else 1
+
+
+#: a bundle smaller than this packs in a blink: no progress is shown
+BUNDLE_PROGRESS_MIN_BYTES = 16 << 20
+
+
+class BundleProgress:
+    """What the terminal shows while a large workdir is bundled: a rich progress bar
+    with bytes on a terminal, one line elsewhere; nothing for a small one. Call it with
+    (done, total) bytes, as `Client.submit_script(progress=...)` does; `close()` at the end.
+
+    Example:
+        >>> with BundleProgress(console, "train/") as progress:  # doctest: +SKIP
+        ...     job = client.submit_script("train.py", progress=progress)
+    """
+
+    def __init__(self, console: Console, what: str) -> None:
+        self.console = console
+        self.what = what
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        self._said = False
+
+    def __enter__(self) -> BundleProgress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __call__(self, done: int, total: int) -> None:
+        if total < BUNDLE_PROGRESS_MIN_BYTES:
+            return
+        if not self.console.is_terminal:
+            if not self._said:
+                self._said = True
+                self.console.print(
+                    f"bundling {self.what}: {total / (1 << 20):.1f} MiB", soft_wrap=True
+                )
+            return
+        if self._bar is None:
+            self._bar = Progress(
+                TextColumn("bundling {task.description}"),
+                BarColumn(),
+                DownloadColumn(binary_units=True),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(self.what, total=total)
+        assert self._task is not None
+        self._bar.update(self._task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

@@ -6,7 +6,8 @@ of `air_sdk.errors`:
 
 | wire                                   | raised                                   |
 |----------------------------------------|------------------------------------------|
-| connection refused / reset / timeout   | `TransportError` (after `max_attempts`)  |
+| connection refused                     | `TransportError` (at once: nothing listens) |
+| connection reset / timeout             | `TransportError` (after `max_attempts`)  |
 | 401                                    | `AuthError`                              |
 | 404                                    | `NotFoundError`                          |
 | 409                                    | `ConflictError`                          |
@@ -58,6 +59,7 @@ __all__ = [
     "HttpTransport",
     "MockAdapter",
     "error_for_response",
+    "is_refused",
     "mock_response",
     "mock_session",
     "parse_model",
@@ -82,6 +84,37 @@ DROPPED: tuple[type[Exception], ...] = (
     requests.Timeout,
     requests.exceptions.ChunkedEncodingError,
 )
+
+
+def is_refused(exc: BaseException) -> bool:
+    """True when nothing listens where the gateway should be (connection refused): not
+    transient, so a command says so at once instead of retrying for seconds.
+
+    Example:
+        >>> is_refused(requests.ConnectionError("... [Errno 111] Connection refused"))
+        True
+        >>> is_refused(requests.ConnectionError("Connection reset by peer"))
+        False
+    """
+    seen: set[int] = set()
+    stack: list[object] = [exc]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, ConnectionRefusedError):
+            return True
+        stack.extend([item.__cause__, item.__context__, getattr(item, "reason", None), *item.args])
+    return "Connection refused" in str(exc) or "[Errno 111]" in str(exc)
+
+
+class _Refused(Exception):
+    """A refused connection, raised inside the retry loop so it is not retried."""
+
+    def __init__(self, error: requests.ConnectionError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _sleep(seconds: float) -> None:
@@ -261,8 +294,11 @@ def _body_of(response: requests.Response) -> Any:
         return response.text.strip()[:500] or None
 
 
-def error_for_response(response: requests.Response, *, base_url: str = "") -> ApiError:
-    """The most specific `ApiError` for an error answer.
+def error_for_response(
+    response: requests.Response, *, base_url: str = "", auth_message: str | None = None
+) -> ApiError:
+    """The most specific `ApiError` for an error answer. A 401 says `auth_message` when
+    given (the client's one message for a refused token, whatever the route answered).
 
     Example:
         >>> r = requests.Response(); r.status_code = 404; r._content = b'{"detail": "no job j"}'
@@ -274,6 +310,8 @@ def error_for_response(response: requests.Response, *, base_url: str = "") -> Ap
     message = render_detail(body) if body not in (None, "") else ""
     if not message:
         message = response.reason or f"HTTP error from {response.url or base_url}"
+    if status == 401 and auth_message:
+        return AuthError(status, auth_message, body=body)
     if status == 401:
         return AuthError(
             status,
@@ -321,6 +359,7 @@ class HttpTransport:
         session: requests.Session | None = None,
         max_attempts: int = 6,
         user_agent: str = "air-sdk",
+        auth_message: str | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts={max_attempts} must be >= 1")
@@ -328,6 +367,8 @@ class HttpTransport:
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.session = session if session is not None else requests.Session()
+        #: what a 401 says, on every route (see `Client`); None: the gateway's words
+        self.auth_message = auth_message
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -360,16 +401,21 @@ class HttpTransport:
         clean_params = {k: _param(v) for k, v in (params or {}).items() if v is not None}
 
         def send() -> requests.Response:
-            response = self.session.request(
-                method,
-                self.url(path),
-                params=clean_params or None,
-                json=json,
-                data=data,
-                headers=merged,
-                stream=stream,
-                timeout=timeout if timeout is not None else self.timeout_s,
-            )
+            try:
+                response = self.session.request(
+                    method,
+                    self.url(path),
+                    params=clean_params or None,
+                    json=json,
+                    data=data,
+                    headers=merged,
+                    stream=stream,
+                    timeout=timeout if timeout is not None else self.timeout_s,
+                )
+            except requests.ConnectionError as exc:
+                if is_refused(exc):
+                    raise _Refused(exc) from exc
+                raise
             if response.status_code in RETRY_STATUSES and response.status_code not in (
                 allow_statuses
             ):
@@ -380,7 +426,9 @@ class HttpTransport:
 
         response = self._with_retries(send)
         if response.status_code >= 400 and response.status_code not in allow_statuses:
-            error = error_for_response(response, base_url=self.base_url)
+            error = error_for_response(
+                response, base_url=self.base_url, auth_message=self.auth_message
+            )
             response.close()
             raise error
         return response
@@ -390,7 +438,11 @@ class HttpTransport:
         try:
             return policy(send)
         except _RetryableStatus as exc:
-            raise error_for_response(exc.response, base_url=self.base_url) from exc
+            raise error_for_response(
+                exc.response, base_url=self.base_url, auth_message=self.auth_message
+            ) from exc
+        except _Refused as exc:  # nothing listens there: say so now, no retries
+            raise self.transport_error(exc.error) from exc.error
         except requests.RequestException as exc:  # dropped, or e.g. an invalid URL
             raise self.transport_error(exc) from exc
 

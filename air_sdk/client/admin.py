@@ -24,6 +24,7 @@ from air_sdk.schema.admin import (
     TokenInfo,
     TokenList,
 )
+from air_sdk.schema.gc import GcReport, GcRequest
 
 __all__ = ["Admin"]
 
@@ -72,3 +73,17 @@ class Admin:
         """Forget a node's failures: the scheduler uses it again at once."""
         path = f"/v1/admin/nodes/{quote(name, safe='')}/clear"
         return parse_model(NodeHealth, self._http.request("POST", path))
+
+    def collect_garbage(
+        self, *, dry_run: bool = False, older_than_s: float | None = None
+    ) -> GcReport:
+        """Delete the files of ended jobs (those the gateway's retention selects, or that
+        ended more than `older_than_s` ago) and unpacked bundles no job uses; with
+        `dry_run`, only say what would go (system admin only).
+
+        Example:
+            >>> Client().admin.collect_garbage(dry_run=True).bytes_freed  # doctest: +SKIP
+            419430400
+        """
+        body = GcRequest(dry_run=dry_run, older_than_s=older_than_s).model_dump()
+        return parse_model(GcReport, self._http.request("POST", "/v1/admin/gc", json=body))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Unpack
 from urllib.parse import quote
@@ -26,13 +26,13 @@ from air_sdk.client._http import HttpTransport, parse_model
 from air_sdk.client.admin import Admin
 from air_sdk.client.job import Job
 from air_sdk.client.options import JobOptions, job_spec_fields
-from air_sdk.config import load_client_settings
+from air_sdk.config import load_client_settings, token_refused_message
 from air_sdk.errors import SpecError
 from air_sdk.schema.api import Health, Inventory, JobList, JobRecord
 from air_sdk.schema.spec import JobSpec
 from air_sdk.schema.state import JobState
 
-__all__ = ["Client", "format_validation_error", "job_spec"]
+__all__ = ["Client", "default_workdir", "format_validation_error", "job_spec"]
 
 _M = TypeVar("_M", bound=BaseModel)
 _NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -80,6 +80,21 @@ def job_spec(**fields: Any) -> JobSpec:
         raise SpecError(f"invalid job spec:\n{format_validation_error(exc)}") from exc
 
 
+def default_workdir(script: str | Path | None) -> Path:
+    """What `submit_script` bundles without a workdir: the working directory when the
+    script lies inside it (or for a module), else the script's own directory.
+
+    Example:
+        >>> default_workdir(None) == Path.cwd().resolve()
+        True
+    """
+    cwd = Path.cwd().resolve()
+    if script is None:
+        return cwd
+    script_path = Path(script).expanduser().resolve()
+    return cwd if script_path.is_relative_to(cwd) else script_path.parent
+
+
 def _default_name(script: Path) -> str:
     name = _NAME_BAD_CHARS.sub("-", script.stem).strip("-._")[:63]
     return name or "job"
@@ -117,6 +132,9 @@ class Client:
             session=session,
             max_attempts=max_attempts,
             user_agent=_user_agent(),
+            auth_message=token_refused_message(
+                settings.gateway_url, settings.token, explicit=bool(token)
+            ),
         )
 
     def __repr__(self) -> str:
@@ -157,15 +175,42 @@ class Client:
 
         Example:
             >>> [j.id for j in Client().jobs(state=JobState.RUNNING)]  # doctest: +SKIP
-            ['j-3f2a']
+            ['train-5d41402a']
         """
         return self._get("/v1/jobs", JobList, params={"state": state, "limit": limit}).jobs
+
+    def newest_job(self) -> JobRecord | None:
+        """Your most recently submitted job (None before the first), as `sky jobs logs`
+        picks one when none is named.
+
+        Example:
+            >>> Client().newest_job().id  # doctest: +SKIP
+            'train-5d41402a'
+        """
+        newest = self.jobs(limit=1)
+        return newest[0] if newest else None
+
+    def active_jobs(self, limit: int = 1000) -> list[JobRecord]:
+        """Your jobs that have not ended (queued, starting, running, restarting),
+        newest first.
+
+        Example:
+            >>> len(Client().active_jobs())  # doctest: +SKIP
+            2
+        """
+        found = {
+            record.id: record
+            for state in JobState
+            if not state.terminal
+            for record in self.jobs(state=state, limit=limit)
+        }
+        return sorted(found.values(), key=lambda r: r.created_at, reverse=True)[:limit]
 
     def job(self, job_id: str) -> Job:
         """A handle on an existing job (fetches its record, so a bad id fails here).
 
         Example:
-            >>> Client().job("j-3f2a").status()  # doctest: +SKIP
+            >>> Client().job("train-5d41402a").status()  # doctest: +SKIP
             <JobState.RUNNING: 'RUNNING'>
         """
         return Job(self, self.job_record(job_id))
@@ -183,6 +228,7 @@ class Client:
         workdir: str | Path | None = None,
         idempotency_key: str | None = None,
         extra_files: Mapping[str, bytes] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Job:
         """Upload the code (if any) and submit `spec`; returns at once with a `Job`.
 
@@ -191,6 +237,8 @@ class Client:
         bytes) are added to the bundle, replacing files of the same name; given
         without a workdir, the bundle holds only them. One Idempotency-Key is used
         for all retries of this call, so a retried POST never makes two jobs.
+        `progress(done, total)` hears the bytes packed so far while the workdir is
+        bundled (for a progress bar).
 
         Example:
             >>> spec = JobSpec(name="mnist", entrypoint="train.py", resources={"nodes": 2})
@@ -199,8 +247,8 @@ class Client:
         if not isinstance(spec, JobSpec):
             spec = job_spec(**dict(spec))
         key = idempotency_key or str(uuid.uuid4())
-        if workdir is None and spec.entrypoint is not None and spec.bundle_sha256 is None:
-            workdir = Path.cwd()
+        if workdir is None and spec.code is None and spec.bundle_sha256 is None:
+            workdir = Path.cwd()  # a script or module: the working directory is its code
         if workdir is None and extra_files:
             from air_sdk.bundle import pack_directory
 
@@ -222,7 +270,7 @@ class Client:
             from air_sdk.bundle import pack_directory
 
             # raises BundleError before anything is sent
-            bundle = pack_directory(root, extra_files=extra_files)
+            bundle = pack_directory(root, extra_files=extra_files, progress=progress)
             self.upload_bundle(bundle.data, bundle.sha256)
             spec = spec.model_copy(update={"bundle_sha256": bundle.sha256})
         record = self._http.request(
@@ -234,30 +282,49 @@ class Client:
         return Job(self, parse_model(JobRecord, record))
 
     def submit_script(
-        self, script: str | Path, *, args: Sequence[str] = (), **options: Unpack[JobOptions]
+        self,
+        script: str | Path | None = None,
+        *,
+        args: Sequence[str] = (),
+        progress: Callable[[int, int], None] | None = None,
+        **options: Unpack[JobOptions],
     ) -> Job:
-        """Run a torchrun-style script on `nodes` x `procs_per_node` ranks.
+        """Run a torchrun-style script (or, with `module=`, `python -m MODULE`) on
+        `nodes` x `procs_per_node` ranks.
 
         `options` are the job options of `air_sdk.client.options.JobOptions` (the
         same as `air submit`'s flags): nodes, procs_per_node, gpus_per_node, name,
         env, max_restarts, checkpoint_every, pool, priority, accelerator, the mesh
-        sizes dp_replicate, dp_shard, tp, pp, cp, and workdir. The bundle is
-        `workdir`: by default the current directory when the script is inside it,
-        else the script's own directory.
+        sizes dp_replicate, dp_shard, tp, pp, cp, module and workdir. The bundle is
+        `workdir`: by default the current directory when the script is inside it
+        (or for a module), else the script's own directory; `progress` is
+        `submit`'s.
 
         Example:
             >>> job = Client().submit_script("train.py", nodes=2, args=["--lr", "0.1"])  # doctest: +SKIP
             >>> job.id  # doctest: +SKIP
-            'j-3f2a'
+            'train-5d41402a'
+            >>> Client().submit_script(module="mypkg.train", nodes=2)  # doctest: +SKIP
         """
         fields = job_spec_fields(options)  # unknown options fail before anything is read
+        module = options.get("module")
+        workdir = options.get("workdir")
+        cwd = Path.cwd().resolve()
+        if module is not None:
+            if script is not None:
+                raise SpecError(
+                    f"give a script or module={module!r}, not both: `python -m` runs the module"
+                )
+            root = cwd if workdir is None else Path(workdir).expanduser().resolve()
+            fields.setdefault("name", _default_name(Path(f"{module}.py")))  # "pkg.train"
+            return self.submit(job_spec(args=list(args), **fields), workdir=root, progress=progress)
+        if script is None:
+            raise SpecError("give a script to run (or module= to run `python -m MODULE`)")
         script_path = Path(script).expanduser().resolve()
         if not script_path.is_file():
             raise SpecError(f"script {script} not found (looked for {script_path})")
-        workdir = options.get("workdir")
         if workdir is None:
-            cwd = Path.cwd().resolve()
-            root = cwd if script_path.is_relative_to(cwd) else script_path.parent
+            root = default_workdir(script_path)
         else:
             root = Path(workdir).expanduser().resolve()
             if not script_path.is_relative_to(root):
@@ -269,7 +336,7 @@ class Client:
         spec = job_spec(
             entrypoint=script_path.relative_to(root).as_posix(), args=list(args), **fields
         )
-        return self.submit(spec, workdir=root)
+        return self.submit(spec, workdir=root, progress=progress)
 
     def upload_bundle(self, data: bytes, sha256: str) -> bool:
         """Upload a bundle unless the gateway has it already; True when bytes were sent.

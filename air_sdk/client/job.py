@@ -7,7 +7,7 @@ it saw after a dropped connection.
 Examples marked `+SKIP` need a running gateway and a job on it.
 
 Example:
-    >>> job = Client().job("j-3f2a")  # doctest: +SKIP
+    >>> job = Client().job("train-5d41402a")  # doctest: +SKIP
     >>> for event in job.follow():  # doctest: +SKIP
     ...     print(event.seq, event.type.value)
 """
@@ -228,7 +228,8 @@ class Job:
         Reconnects after a dropped connection from the last sequence number it
         yielded (so no event is lost or repeated), by the client's one retry policy
         (`air_sdk.client._http.retrying`: jittered backoff, counted afresh after
-        every event); gives up with `TransportError` after `max_attempts` drops in a
+        every event), also when the gateway refuses connections for a while (a
+        restart); gives up with `TransportError` after `max_attempts` failures in a
         row (default: the client's; None: never). A stream the server closes before
         the job ended is read on by pages and opened again, without giving up.
         `on_retry(error, wait_s)` hears of each reconnect.
@@ -242,12 +243,12 @@ class Job:
         limit = http.max_attempts if isinstance(max_attempts, _Default) else max_attempts
         cursor = _Cursor(after)
         run = _http.FailureRun()  # reset by every event read, so each drop starts afresh
-        # Without a limit, a gateway that does not answer (a restart) is waited for too.
-        unreachable = (TransportError,) if limit is None else ()
+        # A gateway that refuses connections after it answered is restarting: wait for it
+        # like for a dropped stream (a lone request refused says so at once instead).
         policy = _http.retrying(
             limit,
-            retry_on=(_StreamEnded, *_http.DROPPED, *unreachable),
-            counted=(*_http.DROPPED, *unreachable),
+            retry_on=(_StreamEnded, *_http.DROPPED, TransportError),
+            counted=(*_http.DROPPED, TransportError),
             on_retry=on_retry,
             run=run,
         )

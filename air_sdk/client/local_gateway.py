@@ -35,6 +35,7 @@ from typing import Any, Literal
 import psutil
 import requests
 
+from air_sdk.client.ports import choose_port
 from air_sdk.config import write_client_config
 from air_sdk.errors import AirError
 from air_sdk.gateway_config import LOG_FILE, OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
@@ -57,6 +58,8 @@ class GatewayProcess:
     url: str
     token: str
     log_path: Path
+    #: said when the default port was taken and another was picked ("" otherwise)
+    port_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,15 @@ def running_gateway(home: Path) -> GatewayProcess | None:
 
 
 def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProcess:
-    """Start a gateway in the background and return once it answers /v1/health.
+    """Start a gateway in the background and return once it listens on its port and
+    answers /v1/health.
 
-    A gateway that exits at once (a bad option, a port in use) is an `AirError`
-    carrying the end of its log.
+    A taken port is a `ConfigError` naming its holder when the port was asked for;
+    otherwise the next free port is used (`GatewayProcess.port_note` says so). A
+    gateway that exits at once (a bad option, a port taken meanwhile) is an
+    `AirError` carrying the end of its log. Nothing is taken for started until the
+    child itself records that it holds the port: something else answering there
+    (another user's gateway) never counts.
     """
     existing = running_gateway(opts.home)
     if existing is not None:
@@ -113,6 +121,8 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
             f"a gateway (pid {existing.pid}) already runs at {existing.url} for {opts.home}:"
             " stop it with `air gateway stop` or use another --home"
         )
+    choice = choose_port(opts)
+    opts = choice.opts
     opts.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = opts.home / LOG_FILE
     if opts.cluster_file is not None:  # the child may start elsewhere: an absolute path
@@ -134,14 +144,28 @@ def start_detached(opts: GatewayOptions, timeout_s: float = 60) -> GatewayProces
                 f"the gateway exited with code {proc.returncode}:\n" + "\n".join(_tail(log_path))
             )
         try:
-            if _healthy(opts):
+            # The child writes its pid once it holds the port (and its token exists).
+            if _recorded_pid(opts.home) == proc.pid and _healthy(opts):
                 token = (opts.home / TOKEN_FILE).read_text().strip()
-                return GatewayProcess(pid=proc.pid, url=opts.url, token=token, log_path=log_path)
-        except requests.RequestException:
+                return GatewayProcess(
+                    pid=proc.pid,
+                    url=opts.url,
+                    token=token,
+                    log_path=log_path,
+                    port_note=choice.note,
+                )
+        except (requests.RequestException, OSError):
             pass
         time.sleep(0.1)
     proc.kill()
     raise AirError(f"the gateway did not answer within {timeout_s:g} s; see {log_path}")
+
+
+def _recorded_pid(home: Path) -> int | None:
+    try:
+        return int(json.loads((home / STATE_FILE).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _healthy(opts: GatewayOptions) -> bool:

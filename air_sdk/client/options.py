@@ -8,7 +8,8 @@ where it goes in a `JobSpec`. Three faces are made from it and nothing else:
   `air_sdk.notebook.cell_job.submit_cell(...)` take `**options: Unpack[JobOptions]`,
   so type checkers and IDEs see every option;
 - the CLI's `air submit` flags (`air_sdk.cli.job_flags`, typer);
-- the `%%air train` flags (`magics.air`, IPython magic_arguments).
+- the `%%air train` flags (`magics.air`, IPython magic_arguments), except options
+  declared `cell=False` (`module`: a cell is its own program).
 
 To add an option, add one entry here (with `spec=` naming the `JobSpec` field it
 sets); the three faces, their help and `tests/unit/client/test_job_options.py`
@@ -34,6 +35,7 @@ from air_sdk.errors import SpecError
 from air_sdk.schema.spec import Priority
 
 __all__ = [
+    "CELL_OPTIONS",
     "JOB_OPTIONS",
     "PARALLELISM",
     "JobOption",
@@ -70,6 +72,9 @@ class Option:
     minimum: int | None = None
     #: the heading it is listed under in `--help`
     group: str = "Job"
+    #: also a `%%air train` flag; False for what names the program to run (a cell is
+    #: its own program)
+    cell: bool = True
 
 
 class JobOptions(TypedDict, total=False):
@@ -226,6 +231,17 @@ class JobOptions(TypedDict, total=False):
             help="Context-parallel size (needs GPUs).",
         ),
     ]
+    module: Annotated[
+        str | None,
+        Option(
+            spec="module",
+            short="-m",
+            metavar="MODULE",
+            cell=False,
+            help="Run a module as `python -m MODULE` (torchrun's -m) instead of a script;"
+            " it is imported from the workdir or the installed packages.",
+        ),
+    ]
     workdir: Annotated[
         str | Path | None,
         Option(
@@ -293,6 +309,8 @@ def _resolve(typed_dict: type) -> tuple[JobOption, ...]:
 
 #: every job option, in declaration order (the order of `--help`)
 JOB_OPTIONS: tuple[JobOption, ...] = _resolve(JobOptions)
+#: the options `%%air train` takes (a cell is its own program: no `module`)
+CELL_OPTIONS: tuple[JobOption, ...] = tuple(o for o in JOB_OPTIONS if o.info.cell)
 _BY_NAME = {o.name: o for o in JOB_OPTIONS}
 
 

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from air_sdk.client import local_gateway
 from air_sdk.client.local_gateway import GatewayProcess, running_gateway, stop_detached
+from air_sdk.client.ports import bind_or_explain, choose_port
 from air_sdk.config import write_client_config
-from air_sdk.errors import AirError
+from air_sdk.errors import AirError, ConfigError
 from air_sdk.gateway.options import SecurityOptions, check_bind, is_loopback
 from air_sdk.gateway_config import OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
 from air_sdk.store.quota import JobQuotas
@@ -34,6 +35,7 @@ from air_sdk.store.quota import JobQuotas
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from air_sdk.runner import RetentionPolicy
     from air_sdk.runner.backends.base import Backend
     from air_sdk.scheduler import ClusterConfig
     from air_sdk.store import SqliteStore
@@ -115,11 +117,29 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         opts.home,
         opts.worker_url,
         policy=cluster.policy if cluster is not None else None,
+        retention=retention_policy(opts),
     )
     app = create_app(
         GatewayContext(store=store, runner=runner, home=opts.home), security=security_options(opts)
     )
     return app, token
+
+
+def retention_policy(opts: GatewayOptions) -> RetentionPolicy:
+    """When ended jobs' files go, from `--job-files-max-age-days` and `--job-files-max-gib`.
+
+    Example:
+        >>> retention_policy(GatewayOptions(job_files_max_gib=1.5)).max_bytes
+        1610612736
+    """
+    from air_sdk.runner import RetentionPolicy
+
+    days, gib = opts.job_files_max_age_days, opts.job_files_max_gib
+    return RetentionPolicy(
+        max_age_s=None if days is None else days * 86400,
+        max_bytes=None if gib is None else int(gib * (1 << 30)),
+        include_checkpoints=opts.job_files_include_checkpoints,
+    )
 
 
 def load_cluster(path: Path | None) -> ClusterConfig | None:
@@ -158,10 +178,25 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
 
 
 def serve(opts: GatewayOptions) -> None:
-    """Run the gateway in the foreground until Ctrl-C or SIGTERM."""
+    """Run the gateway in the foreground until Ctrl-C or SIGTERM.
+
+    The port is bound first: a taken one is a `ConfigError` naming its holder (or,
+    when no port was asked for, the next free one is used and that is said), and
+    neither the client config nor the pid file is written for a gateway that could
+    not listen.
+    """
     import uvicorn
 
-    app, token = build(opts)
+    choice = choose_port(opts)
+    opts = choice.opts
+    sock = bind_or_explain(opts)
+    try:
+        app, token = build(opts)
+    except BaseException:
+        sock.close()
+        raise
+    if choice.note:
+        print(choice.note, flush=True)
     if opts.write_client_config:
         write_client_config(opts.url, token)
     state = {"pid": os.getpid(), "url": opts.url}
@@ -175,9 +210,11 @@ def serve(opts: GatewayOptions) -> None:
             file=sys.stderr,
             flush=True,
         )
+    config = uvicorn.Config(app, **uvicorn_options(opts))
     try:
-        uvicorn.run(app, **uvicorn_options(opts))
+        uvicorn.Server(config).run(sockets=[sock])  # the socket bound above, not a new one
     finally:
+        sock.close()
         try:
             if json.loads(state_path.read_text()).get("pid") == os.getpid():
                 state_path.unlink()
@@ -186,7 +223,7 @@ def serve(opts: GatewayOptions) -> None:
 
 
 def uvicorn_options(opts: GatewayOptions) -> dict[str, Any]:
-    """What `serve` hands to uvicorn.run.
+    """What `serve` hands to uvicorn.Config.
 
     uvicorn believes X-Forwarded-For from 127.0.0.1 by default (`proxy_headers=True`,
     `forwarded_allow_ips="127.0.0.1"`, or $FORWARDED_ALLOW_IPS): any local process
@@ -227,7 +264,11 @@ def main() -> None:
     except ValueError as exc:
         print(f"error: bad gateway options: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    serve(opts)
+    try:
+        serve(opts)
+    except ConfigError as exc:  # e.g. the port was taken between the check and the bind
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

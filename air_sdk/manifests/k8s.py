@@ -84,7 +84,7 @@ def render_trainjob(spec: JobSpec, options: K8sOptions) -> dict[str, Any]:
         >>> job["spec"]["trainer"]["numNodes"], job["spec"]["trainer"]["command"][:2]
         (2, ['torchrun', '-m'])
     """
-    if spec.entrypoint is None:
+    if spec.entrypoint is None and spec.module is None:
         raise SpecError(
             "this job is inline code; a TrainJob runs a script in its image:"
             " save the code as a file in the image and set entrypoint"
@@ -96,13 +96,14 @@ def render_trainjob(spec: JobSpec, options: K8sOptions) -> dict[str, Any]:
             " starting with a letter, at most 63 characters"
         )
     r = spec.resources
+    program = ["-m", spec.module] if spec.module is not None else [str(spec.entrypoint)]
     trainer: dict[str, Any] = {
         "image": options.image,
         "numNodes": r.nodes,
         "numProcPerNode": r.ranks_per_node,
         # torchrun reads the runtime's PET_* env (nodes, node rank, master address);
         # the supervisor runs the script and reports to the gateway as everywhere else.
-        "command": ["torchrun", "-m", "air_sdk.runtime.supervise", spec.entrypoint],
+        "command": ["torchrun", "-m", "air_sdk.runtime.supervise", *program],
         "env": _env(spec, name, options),
         "resourcesPerNode": _resources(spec),
     }

@@ -6,7 +6,7 @@ matplotlib; the first use of `JobMonitor` or `render_chart_png` does.
 
 Example:
     >>> from air_sdk.notebook import JobMonitor
-    >>> JobMonitor(client.job("j-3f2a"), total_steps=1000)  # doctest: +SKIP
+    >>> JobMonitor(client.job("train-5d41402a"), total_steps=1000)  # doctest: +SKIP
 """
 
 from __future__ import annotations

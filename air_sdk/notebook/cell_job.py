@@ -54,6 +54,11 @@ def submit_cell(
 
     if not cell.strip():
         raise SpecError("the cell is empty: write the training code below `%%air train`")
+    if options.get("module"):
+        raise SpecError(
+            "module= names a program to run, and a cell is its own: leave it out"
+            " (run a module with `air submit -m MODULE` or Client.submit_script(module=...))"
+        )
     fields = job_spec_fields(options)
     fields.setdefault("name", DEFAULT_JOB_NAME)
     job_spec(code="pass", **fields)  # bad options fail before any packaging

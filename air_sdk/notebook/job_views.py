@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from air_sdk.errors import AirError, TransportError
+from air_sdk.text import plural
 
 if TYPE_CHECKING:
     from air_sdk.client import Client
@@ -42,19 +43,19 @@ def job_status_text(record: JobRecord) -> str:
 
     Example:
         >>> from air_sdk.schema import JobRecord, JobSpec, JobState
-        >>> record = JobRecord(id="j-1", tenant="t", name="cell", state=JobState.QUEUED,
+        >>> record = JobRecord(id="cell-5d41402a", tenant="t", name="cell", state=JobState.QUEUED,
         ...                    spec=JobSpec(code="pass", resources={"nodes": 2}),
         ...                    created_at=0, updated_at=0)
         >>> print(job_status_text(record))
-        job j-1 (cell): QUEUED
-          2 node(s) x 1 rank(s); attempt 0, 0 restart(s)
+        job cell-5d41402a (cell): QUEUED
+          2 nodes x 1 rank; attempt 0, 0 restarts
     """
     resources = record.spec.resources
     lines = [
         f"job {record.id} ({record.name}): {record.state.value}"
         + (f" - {record.state_reason}" if record.state_reason else ""),
-        f"  {resources.nodes} node(s) x {resources.ranks_per_node} rank(s); attempt"
-        f" {record.attempt}, {record.num_restarts} restart(s)",
+        f"  {plural(resources.nodes, 'node')} x {plural(resources.ranks_per_node, 'rank')};"
+        f" attempt {record.attempt}, {plural(record.num_restarts, 'restart')}",
     ]
     failure = record.failure
     if failure is not None:
@@ -104,12 +105,12 @@ class JobsTable:
 
     Example:
         >>> from air_sdk.schema import JobRecord, JobSpec, JobState
-        >>> record = JobRecord(id="j-1", tenant="t", name="cell", state=JobState.QUEUED,
+        >>> record = JobRecord(id="cell-5d41402a", tenant="t", name="cell", state=JobState.QUEUED,
         ...                    spec=JobSpec(code="pass", resources={"nodes": 2}),
         ...                    created_at=0, updated_at=0)
         >>> print(repr(JobsTable([record], now=75)))
-        ID   NAME  STATE   NODES x RANKS  ATTEMPT  AGE
-        j-1  cell  QUEUED  2 x 1          0        1m
+        ID             NAME  STATE   NODES x RANKS  ATTEMPT  AGE
+        cell-5d41402a  cell  QUEUED  2 x 1          0        1m
     """
 
     COLUMNS = ("ID", "NAME", "STATE", "NODES x RANKS", "ATTEMPT", "AGE")

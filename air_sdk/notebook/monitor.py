@@ -106,7 +106,7 @@ class JobMonitor:
 
     Example:
         >>> from air_sdk.notebook import JobMonitor
-        >>> monitor = JobMonitor(client.job("j-3f2a"), total_steps=500)  # doctest: +SKIP
+        >>> monitor = JobMonitor(client.job("train-5d41402a"), total_steps=500)  # doctest: +SKIP
         >>> monitor  # doctest: +SKIP
     """
 

@@ -3,6 +3,7 @@
 from air_sdk.runner.backends.local import LocalBackend
 from air_sdk.runner.controller import JobController, JobPaths
 from air_sdk.runner.policy import FailureAction, FailureDecision, RestartPolicy, diagnose
+from air_sdk.runner.retention import RetentionPolicy
 from air_sdk.runner.service import Runner
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "JobPaths",
     "LocalBackend",
     "RestartPolicy",
+    "RetentionPolicy",
     "Runner",
     "diagnose",
 ]

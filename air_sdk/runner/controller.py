@@ -14,10 +14,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from air_sdk.errors import ConfigError
 from air_sdk.planner.worker_env import worker_env
-from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
+from air_sdk.runner.backends.base import (
+    MODULE_PREFIX,
+    AttemptHandle,
+    Backend,
+    LaunchRequest,
+    NodeStatus,
+)
 from air_sdk.runner.flight_recorder import hang_report
 from air_sdk.runner.policy import (
     FailureAction,
@@ -39,6 +46,9 @@ from air_sdk.schema import (
 )
 from air_sdk.schema.events import Alert, FailureKind
 from air_sdk.store import SqliteStore
+
+if TYPE_CHECKING:
+    from air_sdk.bundle.cache import BundleCache
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +125,7 @@ class JobController:
         teardown_grace_s: float = 5.0,
         unhealthy_nodes: Callable[[], set[str]] | None = None,
         restart_policy: RestartPolicy | None = None,
+        code_cache: BundleCache | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -145,6 +156,8 @@ class JobController:
         self.released = False
         self._unhealthy_nodes = unhealthy_nodes or (lambda: set())
         self._prepare_code = prepare_code
+        #: bundles unpacked once per sha256; the job's code dir links their files
+        self._code_cache = code_cache
         self._code_ready = False
         self._progress: dict[int, RankProgress] = {}
         self._reported_stragglers: set[int] = set()
@@ -567,7 +580,9 @@ class JobController:
         return {a.node: self.backend.node_log_tail(handle, a.node) for a in self.placement.nodes}
 
     def _ready_code(self) -> str:
-        """Unpack the bundle once per job; returns the entrypoint relative to the code dir."""
+        """Build the job's code dir once (the bundle's files linked from the shared cache
+        when there is one, else unpacked); returns the entrypoint relative to the code dir
+        (`-m MODULE` for a module job: `program_argv` splits it for the supervisor)."""
         if self._prepare_code and not self._code_ready:
             from air_sdk.bundle import unpack_bundle
 
@@ -579,7 +594,14 @@ class JobController:
                         raise FileNotFoundError(
                             f"bundle {self.spec.bundle_sha256} is not on the gateway"
                         )
-                    unpack_bundle(Path(row["path"]), code, expected_sha256=self.spec.bundle_sha256)
+                    if self._code_cache is not None:
+                        self._code_cache.materialize(
+                            self.spec.bundle_sha256, Path(row["path"]), code
+                        )
+                    else:
+                        unpack_bundle(
+                            Path(row["path"]), code, expected_sha256=self.spec.bundle_sha256
+                        )
                 else:
                     code.mkdir(parents=True)
             if self.spec.code is not None:
@@ -587,6 +609,8 @@ class JobController:
             self._code_ready = True
         if self.spec.code is not None:
             return INLINE_ENTRYPOINT
+        if self.spec.module is not None:  # run from the code dir, as `python -m` would
+            return MODULE_PREFIX + self.spec.module
         assert self.spec.entrypoint is not None
         if self._prepare_code and not (self.paths.code / self.spec.entrypoint).is_file():
             raise FileNotFoundError(f"entrypoint {self.spec.entrypoint} is not in the bundle")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from air_sdk.scheduler import NodeSpec
+from air_sdk.scheduler import MACHINE_CORES_LABEL, MACHINE_GPUS_LABEL, NodeSpec
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,16 @@ def local_virtual_nodes(
         raise ValueError(f"num_nodes={num_nodes}: a gateway needs at least 1 node")
     gpus = detect_gpus() if gpus is None else gpus
     per_node_gpus = len(gpus) // num_nodes if gpus else 0
+    cores = os.cpu_count() or 1
+    # what the machine has, so a job that can never fit is told the flag that resizes it
+    machine = {MACHINE_CORES_LABEL: str(cores), MACHINE_GPUS_LABEL: str(len(gpus))}
     nodes = []
     for i in range(num_nodes):
         block = tuple(g.index for g in gpus[i * per_node_gpus : (i + 1) * per_node_gpus])
-        default_slots = len(block) or max(1, (os.cpu_count() or 1) // num_nodes)
-        nodes.append(NodeSpec(name=f"node-{i}", slots=slots_per_node or default_slots, gpus=block))
+        default_slots = len(block) or max(1, cores // num_nodes)
+        nodes.append(
+            NodeSpec(
+                name=f"node-{i}", slots=slots_per_node or default_slots, gpus=block, labels=machine
+            )
+        )
     return nodes

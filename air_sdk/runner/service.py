@@ -20,6 +20,7 @@ from pathlib import Path
 from air_sdk.runner.backends.base import Backend
 from air_sdk.runner.controller import JobController, JobPaths
 from air_sdk.runner.policy import NodeHealthPolicy
+from air_sdk.runner.retention import RetentionPolicy, collect_garbage
 from air_sdk.scheduler import (
     JobRequest,
     NodeSpec,
@@ -28,11 +29,16 @@ from air_sdk.scheduler import (
     SchedulerState,
     fits_ever,
 )
-from air_sdk.schema import Alert, FailureInfo, JobRecord, JobSpec, JobState, Placement
+from air_sdk.schema import Alert, FailureInfo, GcReport, JobRecord, JobSpec, JobState, Placement
 from air_sdk.store import SqliteStore
 from air_sdk.store.sqlite import ACTIVE_STATES
 
 log = logging.getLogger(__name__)
+
+#: where, under the gateway's home, bundles are unpacked once each
+CODE_CACHE_DIR = "code-cache"
+#: how often ended jobs' files are checked against the retention policy
+RETENTION_EVERY_S = 3600.0
 
 
 def spec_request(
@@ -79,11 +85,19 @@ class Runner:
         tick_s: float = 0.1,
         node_health: NodeHealthPolicy | None = None,
         policy: SchedulerPolicy | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
         self.home = home
         self.gateway_url = gateway_url
+        from air_sdk.bundle.cache import BundleCache
+
+        #: unpacked bundles, shared by the jobs that run them (by sha256)
+        self.code_cache = BundleCache(home / CODE_CACHE_DIR)
+        #: when ended jobs' files go (swept every RETENTION_EVERY_S, and by `air gc`)
+        self.retention = retention or RetentionPolicy()
+        self._next_sweep = 0.0
         self.tick_s = tick_s
         self.node_health = node_health or NodeHealthPolicy()
         self.policy = policy or SchedulerPolicy()
@@ -147,12 +161,31 @@ class Runner:
 
     # -- loop ----------------------------------------------------------------------------
 
+    def collect_garbage(
+        self, *, dry_run: bool = False, older_than_s: float | None = None
+    ) -> GcReport:
+        """The files of ended jobs the retention policy selects (or, with `older_than_s`,
+        those that ended longer ago than that), and unpacked bundles no job uses: gone,
+        or in a dry run counted."""
+        policy = self.retention
+        if older_than_s is not None:
+            policy = dataclasses.replace(policy, max_age_s=older_than_s)
+        return collect_garbage(
+            self.store, self.home / "jobs", self.code_cache, policy, dry_run=dry_run
+        )
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.schedule_once()
             except Exception:  # the loop must outlive any one bad cycle
                 log.exception("scheduling cycle failed")
+            if time.monotonic() >= self._next_sweep:
+                self._next_sweep = time.monotonic() + RETENTION_EVERY_S
+                try:
+                    self.collect_garbage()
+                except Exception:  # a full or read-only disk must not stop scheduling
+                    log.exception("retention sweep failed")
             self._wake.wait(self.tick_s)
             self._wake.clear()
 
@@ -243,6 +276,7 @@ class Runner:
             JobPaths(self.home / "jobs" / job.id),
             self.gateway_url,
             unhealthy_nodes=self.unhealthy_nodes,
+            code_cache=self.code_cache,
         )
 
     def _start_controller(self, ctl: JobController) -> None:

@@ -10,6 +10,8 @@ from air_sdk.scheduler.config import ClusterConfig, load_cluster_config, parse_c
 from air_sdk.scheduler.decide import Decision, Preemption, Reservation, SchedulerState, decide
 from air_sdk.scheduler.gang import (
     ANY_POOL,
+    MACHINE_CORES_LABEL,
+    MACHINE_GPUS_LABEL,
     PRIORITIES,
     JobRequest,
     NodeSpec,
@@ -23,6 +25,8 @@ from air_sdk.scheduler.state import RunningJob
 
 __all__ = [
     "ANY_POOL",
+    "MACHINE_CORES_LABEL",
+    "MACHINE_GPUS_LABEL",
     "PRIORITIES",
     "ClusterConfig",
     "Decision",

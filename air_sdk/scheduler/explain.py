@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from air_sdk.scheduler.gang import JobRequest
+from air_sdk.text import plural
 
 if TYPE_CHECKING:
     from air_sdk.scheduler.decide import PartitionCycle
@@ -38,15 +39,11 @@ def need_text(job: JobRequest) -> str:
         'needs 4 nodes with 8 free GPUs'
     """
     n, s, g = job.nodes, job.slots_per_node, job.gpus_per_node
-    nodes = f"{n} node{'s' if n != 1 else ''}"
+    nodes = plural(n, "node")
     if g:
-        extra = f" and {s} slots" if s > g else ""
-        return f"needs {nodes} with {g} free GPU{'s' if g != 1 else ''}{extra}"
-    return f"needs {nodes} with {s} free slot{'s' if s != 1 else ''}"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
+        extra = f" and {plural(s, 'slot')}" if s > g else ""
+        return f"needs {nodes} with {plural(g, 'free GPU')}{extra}"
+    return f"needs {nodes} with {plural(s, 'free slot')}"
 
 
 def duration_text(seconds: float) -> str:
@@ -154,7 +151,7 @@ class Explanations(Mapping[str, str]):
             parts = self._parts.get(key)
             if parts is None:
                 parts = self._parts[key] = _split(_text(job, reason, st, 0, self._now))
-            return f"{parts[0]}{_plural(ahead, 'job')}{parts[1]}"
+            return f"{parts[0]}{plural(ahead, 'job')}{parts[1]}"
         return _text(job, reason, st, ahead, self._now)
 
 
@@ -170,19 +167,19 @@ def _text(job: JobRequest, reason: Reason, st: PartitionCycle, ahead: int, now: 
     have = p.count_free(job.slots_per_node, job.gpus_per_node)
     fit = f"{need_text(job)} in pool {p.label!r}; {have} {'has' if have == 1 else 'have'} them"
     head = st.head.job_id if st.head is not None else "?"
-    behind = f"behind {_plural(ahead, 'job')} in pool {p.label!r}"
+    behind = f"behind {plural(ahead, 'job')} in pool {p.label!r}"
     if reason is Reason.HEAD:
         if st.res_start is None:
             return f"{fit}; start time unknown (running jobs have no expected end)"
         return f"{fit}; expected to start {_when(st.res_start, now)}"
     if reason is Reason.PREEMPTING:
         return (
-            f"{fit}; preempting {_plural(len(st.waiting_for), 'lower-priority job')}"
+            f"{fit}; preempting {plural(len(st.waiting_for), 'lower-priority job')}"
             f" ({', '.join(st.waiting_for)}) to make room"
         )
     if reason is Reason.WAITING_EXIT:
         return (
-            f"{fit}; waiting for {_plural(len(st.waiting_for), 'preempted job')}"
+            f"{fit}; waiting for {plural(len(st.waiting_for), 'preempted job')}"
             f" ({', '.join(st.waiting_for)}) to exit"
         )
     if reason is Reason.RESERVED:

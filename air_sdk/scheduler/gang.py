@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from air_sdk.schema import NodeAssignment, Placement
+from air_sdk.text import plural
 
 #: Priority classes, lowest first; the index is the rank.
 PRIORITIES = ("low", "normal", "high")
@@ -192,7 +193,15 @@ def place(
 
 
 def fits_ever(request: JobRequest, inventory: Sequence[NodeSpec]) -> str | None:
-    """None if an empty cluster could run the job, else the reason it never can."""
+    """None if an empty cluster could run the job, else the reason it never can, with
+    the flag to change. On this machine's virtual nodes (`MACHINE_CORES_LABEL`) it
+    names what the machine has and the `air gateway start` flag that resizes them.
+
+    Example:
+        >>> local = [NodeSpec(f"node-{i}", 1, labels={MACHINE_CORES_LABEL: "2"}) for i in range(2)]
+        >>> print(fits_ever(JobRequest("j", 2, 4), local))
+        the job needs 2 nodes with 4 slots each; the gateway's nodes have 1 slot each (this machine: 2 cores, no GPUs, split into 2 nodes): lower --procs-per-node to 1, or restart the gateway with --slots-per-node 4 (ranks beyond the cores share them)
+    """
     pools = sorted({n.pool for n in inventory})
     if request.pool != ANY_POOL and request.pool not in pools:
         return f"no pool named {request.pool!r}; pools: {', '.join(pools) or 'none'}"
@@ -217,14 +226,68 @@ def fits_ever(request: JobRequest, inventory: Sequence[NodeSpec]) -> str | None:
         if len(big) >= request.nodes:
             return None
         best = max(best, len(big))
+    if all(MACHINE_CORES_LABEL in n.labels for n in inventory):
+        return _never_fits_here(request, list(inventory))
     where = "any pool" if request.pool == ANY_POOL else f"pool {request.pool!r}"
     most_slots = max(n.slots for n in matching)
     most_gpus = max(n.num_gpus for n in matching)
     return (
-        f"the job needs {request.nodes} nodes with {request.slots_per_node} slots and "
-        f"{request.gpus_per_node} GPUs each; {where} has {best} such nodes "
-        f"({len(matching)} nodes, at most {most_slots} slots and {most_gpus} GPUs each): "
-        "lower --nodes or --procs-per-node, or start the gateway with more nodes"
+        f"the job needs {_per_node(request)}; {where} has {plural(best, 'such node')}"
+        f" ({plural(len(matching), 'node')}, at most {plural(most_slots, 'slot')} and"
+        f" {plural(most_gpus, 'GPU')} each): lower --nodes, --procs-per-node or"
+        " --gpus-per-node, or add such nodes to the cluster"
+    )
+
+
+#: set by the local backend on this machine's virtual nodes: the machine's cores and
+#: GPUs, so a job that can never fit is told which `air gateway start` flag resizes them
+MACHINE_CORES_LABEL = "air.machine/cores"
+MACHINE_GPUS_LABEL = "air.machine/gpus"
+
+
+def _per_node(request: JobRequest) -> str:
+    need = f"{plural(request.nodes, 'node')} with {plural(request.slots_per_node, 'slot')}"
+    if request.gpus_per_node:
+        need += f" and {plural(request.gpus_per_node, 'GPU')}"
+    return need + " each"
+
+
+def _never_fits_here(request: JobRequest, nodes: list[NodeSpec]) -> str:
+    """Why a job never fits this machine's virtual nodes, and the flag that would help."""
+    cores = int(nodes[0].labels.get(MACHINE_CORES_LABEL, "0") or 0)
+    gpus = int(nodes[0].labels.get(MACHINE_GPUS_LABEL, "0") or 0)
+    machine = (
+        f"this machine: {plural(cores, 'core')}, "
+        f"{plural(gpus, 'GPU') if gpus else 'no GPUs'}, split into {plural(len(nodes), 'node')}"
+    )
+    need = f"the job needs {_per_node(request)}"
+    if request.gpus_per_node:
+        if not gpus:
+            return f"{need}; this machine has no GPUs ({machine}): give --gpus-per-node 0 (CPU)"
+        if request.nodes * request.gpus_per_node > gpus:
+            return (
+                f"{need}, {plural(request.nodes * request.gpus_per_node, 'GPU')} in all;"
+                f" {machine}: lower --nodes or --gpus-per-node"
+            )
+        return (
+            f"{need}; the gateway's nodes have {plural(min(n.num_gpus for n in nodes), 'GPU')}"
+            f" each ({machine}): restart the gateway with --nodes {request.nodes}, so each"
+            f" node gets {gpus // request.nodes} GPUs, or lower --gpus-per-node"
+        )
+    slots = min(n.slots for n in nodes)
+    if len(nodes) < request.nodes:
+        per_node = max(1, cores // request.nodes)
+        flags = f"--nodes {request.nodes}"
+        if per_node < request.slots_per_node:
+            flags += f" --slots-per-node {request.slots_per_node}"
+        return (
+            f"{need}; the gateway has {plural(len(nodes), 'node')} ({machine}): lower --nodes"
+            f" to {len(nodes)}, or restart the gateway with {flags}"
+        )
+    return (
+        f"{need}; the gateway's nodes have {plural(slots, 'slot')} each ({machine}): lower"
+        f" --procs-per-node to {slots}, or restart the gateway with --slots-per-node"
+        f" {request.slots_per_node} (ranks beyond the cores share them)"
     )
 
 

@@ -52,6 +52,7 @@ from air_sdk.schema.events import (
     UtilBatch,
     WorkerReport,
 )
+from air_sdk.schema.gc import GcJob, GcReport, GcRequest
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.spec import (
     API_VERSION,
@@ -68,15 +69,13 @@ from air_sdk.schema.state import TERMINAL_STATES, JobState
 
 __all__ = [
     "API_VERSION",
-    "ROLES",
-    "TERMINAL_STATES",
     "Alert",
     "AttemptChange",
     "AttemptList",
     "AttemptRecord",
     "BundleInfo",
-    "CheckpointList",
     "CheckpointCommit",
+    "CheckpointList",
     "CheckpointRecord",
     "CheckpointRestore",
     "CheckpointSkip",
@@ -89,6 +88,9 @@ __all__ = [
     "EventType",
     "FailureInfo",
     "FailurePolicySpec",
+    "GcJob",
+    "GcReport",
+    "GcRequest",
     "GpuInfo",
     "Health",
     "Inventory",
@@ -100,8 +102,8 @@ __all__ = [
     "LogBatch",
     "LogLine",
     "LogPage",
-    "MetricPoint",
     "MESH_DIMS",
+    "MetricPoint",
     "MetricRow",
     "MetricsBatch",
     "MetricsPage",
@@ -113,9 +115,11 @@ __all__ = [
     "PARALLELISM_ENV",
     "Parallelism",
     "Placement",
+    "ROLES",
     "RankExit",
     "Resources",
     "StateChange",
+    "TERMINAL_STATES",
     "TenantCreate",
     "TenantInfo",
     "TenantList",

@@ -41,6 +41,8 @@ RESERVED_ENV = frozenset(
 USER_AIR_ENV = frozenset(
     {"AIR_AUTOLOG", "AIR_PEAK_FLOPS", "AIR_MFU_DTYPE", "AIR_COUNT_FLOPS", "AIR_SAMPLE_INTERVAL_S"}
 )
+#: a module for `python -m` (matched whole: fullmatch)
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 MAX_ENV_VARS = 256
 MAX_ARGS = 1024
@@ -307,8 +309,8 @@ class FailurePolicySpec(_Frozen):
 
 
 class JobSpec(_Frozen):
-    """A training job. Exactly one of `entrypoint` (a script in the bundle) or
-    `code` (inline Python, e.g. a notebook cell) is set.
+    """A training job. Exactly one of `entrypoint` (a script in the bundle), `module`
+    (run as `python -m`) or `code` (inline Python, e.g. a notebook cell) is set.
 
     Example:
         >>> spec = JobSpec(name="mnist", entrypoint="train.py", resources=Resources(nodes=2))
@@ -323,6 +325,11 @@ class JobSpec(_Frozen):
         json_schema_extra={"pattern": json_pattern(NAME)},
     )
     entrypoint: str | None = Field(None, description="Script path, relative to the bundle root.")
+    module: str | None = Field(
+        None,
+        description="Module run as `python -m MODULE` (torchrun's -m), imported from the"
+        " bundle root or the installed packages.",
+    )
     code: str | None = Field(None, description="Inline Python source run on every rank.")
     args: list[str] = Field(
         default_factory=list, max_length=MAX_ARGS, description="argv after the script."
@@ -392,9 +399,24 @@ class JobSpec(_Frozen):
             raise ValueError("entrypoint is empty: give a script path such as train.py")
         if control_chars(v):
             raise ValueError(f"entrypoint {shown(v)} holds control characters: give a script path")
+        if v.startswith("-"):
+            raise ValueError(
+                f"entrypoint {v!r} starts with '-': python would read it as an option;"
+                " rename the script (or use module= for `python -m`)"
+            )
         if v.startswith("/") or ".." in v.replace("\\", "/").split("/"):
             raise ValueError(
                 f"entrypoint {v!r} must be a path inside the bundle (relative, no '..')"
+            )
+        return v
+
+    @field_validator("module")
+    @classmethod
+    def _module_ok(cls, v: str | None) -> str | None:
+        if v is not None and not _MODULE.fullmatch(v):
+            raise ValueError(
+                f"module {v!r} is not a dotted module name such as pkg.train"
+                " (python -m takes a module, not a file path)"
             )
         return v
 
@@ -471,6 +493,9 @@ class JobSpec(_Frozen):
 
     @model_validator(mode="after")
     def _one_program(self) -> JobSpec:
-        if (self.entrypoint is None) == (self.code is None):
-            raise ValueError("give exactly one of entrypoint (a script) or code (inline Python)")
+        if [self.entrypoint, self.module, self.code].count(None) != 2:
+            raise ValueError(
+                "give exactly one of entrypoint (a script), module (python -m) or code"
+                " (inline Python)"
+            )
         return self

@@ -9,9 +9,16 @@ class JobState(str, Enum):
     """QUEUED -> SCHEDULED -> STARTING -> RUNNING -> (RESTARTING -> STARTING ...)
     -> SUCCEEDED | FAILED | CANCELLED. A terminal state is final.
 
+    `str()` and f-strings give the value, as users print it: `print(record.state)`
+    shows `SUCCEEDED`.
+
     Example:
         >>> JobState.SUCCEEDED.terminal
         True
+        >>> print(JobState.SUCCEEDED)
+        SUCCEEDED
+        >>> f"{JobState.FAILED:<9}|"
+        'FAILED   |'
     """
 
     QUEUED = "QUEUED"
@@ -22,6 +29,12 @@ class JobState(str, Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     @property
     def terminal(self) -> bool:

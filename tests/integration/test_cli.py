@@ -105,3 +105,119 @@ def test_bad_input_is_a_clear_error_and_submits_nothing(gateway, workdir):
     run = air(gateway, "submit", "train.py", "--nodes", "5", cwd=src)
     assert run.returncode != 0 and "lower --nodes" in run.stderr + run.stdout
     assert json.loads(air(gateway, "jobs", "--json").stdout) == before
+
+
+# -- the first hour: what a new user types -----------------------------------------------
+
+MODULE = """
+import sys
+import air_sdk.runtime as air
+ctx = air.init()
+print(f"module rank {ctx.rank} args {sys.argv[1:]}", flush=True)
+air.shutdown()
+"""
+
+
+def test_follow_streams_rank_0_and_script_args_need_no_double_dash(gateway, workdir):
+    src = workdir(TRAIN)
+    run = air(gateway, "submit", "train.py", "--nodes", "2", "--follow", "--steps", "5", cwd=src)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert "[rank 0] rank 0 trained 5 steps" in lines
+    assert not any(line.startswith("[rank 1]") for line in lines)  # --all-ranks shows them
+    states = [line.split()[0] for line in lines if line.split()[:1] and line.split()[0].isupper()]
+    assert states[-1] == "SUCCEEDED" and len(states) == len(set(states))  # one line each
+    assert lines.index("[rank 0] rank 0 trained 5 steps") < lines.index("final state   SUCCEEDED")
+    job_id = lines[0]
+    spec = json.loads(air(gateway, "status", job_id, "--json").stdout)["spec"]
+    assert spec["args"] == ["--steps", "5"] and spec["resources"]["nodes"] == 2
+
+
+def test_m_runs_a_module_from_the_workdir(gateway, workdir):
+    src = workdir("")
+    (src / "pkg").mkdir()
+    (src / "pkg" / "__init__.py").write_text("")
+    (src / "pkg" / "train.py").write_text(MODULE)
+    run = air(
+        gateway,
+        "submit",
+        "--nodes",
+        "2",
+        "--follow",
+        "--all-ranks",
+        "-m",
+        "pkg.train",
+        "--lr",
+        "0.1",
+        cwd=src,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "[rank 0] module rank 0 args ['--lr', '0.1']" in run.stdout
+    assert "[rank 1] module rank 1 args ['--lr', '0.1']" in run.stdout
+
+
+def test_two_jobs_of_one_workdir_share_its_bytes_and_gc_frees_them(gateway, workdir):
+    from air_sdk.runner.retention import disk_usage
+
+    home = gateway.log_path.parent
+    src = workdir(TRAIN)
+    (src / "weights.bin").write_bytes(os.urandom(4 << 20))
+    ids = []
+    for _ in range(2):
+        run = air(gateway, "submit", "train.py", "--follow", "--steps", "1", cwd=src)
+        assert run.returncode == 0, run.stdout + run.stderr
+        ids.append(run.stdout.splitlines()[0])
+    a, b = (home / "jobs" / job_id / "code" / "weights.bin" for job_id in ids)
+    assert a.read_bytes() == b.read_bytes() and a.stat().st_ino == b.stat().st_ino
+    assert disk_usage([home / "jobs" / i for i in ids]) < 5 << 20  # once, not twice
+
+    dry = air(gateway, "gc", "--older-than", "0", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    for job_id in ids:
+        assert f"would delete the files of {job_id}" in dry.stdout
+    assert "would free" in dry.stdout and (home / "jobs" / ids[0]).is_dir()
+    freed = air(gateway, "gc", "--older-than", "0")
+    assert freed.returncode == 0, freed.stdout + freed.stderr
+    assert not (home / "jobs" / ids[0]).exists() and not (home / "jobs" / ids[1]).exists()
+    logs = air(gateway, "logs", ids[0])  # the job's record and logs outlive its files
+    assert "[rank 0] rank 0 trained 1 steps" in logs.stdout
+
+
+def test_start_on_a_taken_default_port_moves_on_and_says_so(tmp_path):
+    import socket
+
+    holder = socket.socket()
+    try:
+        try:
+            holder.bind(("127.0.0.1", 8470))
+            holder.listen()
+        except OSError:
+            pass  # someone else holds 8470 already: just as taken
+        config = tmp_path / "config.toml"
+        env = {**os.environ, "AIR_CONFIG_FILE": str(config), "AIR_HOME": str(tmp_path / "home")}
+        for name in ("AIR_GATEWAY_URL", "AIR_TOKEN", "AIR_GATEWAY_PORT", "AIR_GATEWAY_OPTIONS"):
+            env.pop(name, None)
+        start = subprocess.run(
+            [*AIR, "gateway", "start", "--detach", "--nodes", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        try:
+            assert start.returncode == 0, start.stdout + start.stderr
+            assert (
+                "port 8470 is taken by " in start.stderr
+                and " instead (choose one with --port)" in start.stderr
+            )
+            moved = int(start.stderr.split("using ")[1].split()[0])
+            assert moved != 8470 and f"gateway running at http://127.0.0.1:{moved}" in start.stdout
+            assert f'gateway_url = "http://127.0.0.1:{moved}"' in config.read_text()
+            status = subprocess.run(
+                [*AIR, "jobs"], env=env, capture_output=True, text=True, timeout=60
+            )
+            assert status.returncode == 0, status.stdout + status.stderr  # the config works
+        finally:
+            subprocess.run([*AIR, "gateway", "stop"], env=env, capture_output=True, timeout=60)
+    finally:
+        holder.close()

@@ -45,35 +45,38 @@ RULES: dict[str, Rule] = {
     "config": rule("errors", never=f"{SERVER} torch requests"),
     "gateway_config": rule("config errors", never=f"{SERVER} torch requests"),
     "redact": rule("", never=f"{SERVER} torch requests"),
+    "text": rule("", never=f"{SERVER} torch requests pydantic"),
     "bundle": rule("errors", never=f"{SERVER} torch requests"),
     # pure decisions: no HTTP, SQL or torch
-    "scheduler": rule("schema errors", never=f"{SERVER} torch requests"),
+    "scheduler": rule("schema errors text", never=f"{SERVER} torch requests"),
     "store": rule("schema redact errors", never="fastapi starlette uvicorn torch requests"),
     # imported by training code inside workers: no server code
     "runtime": rule(
         "runtime schema errors", lazily="planner", never=f"{SERVER} typer {NOTEBOOK_UI}"
     ),
     "runner": rule(
-        "runner scheduler store schema errors redact _agent runtime planner",
+        "runner scheduler store schema errors redact text _agent runtime planner",
         lazily="bundle",
         never=f"fastapi starlette uvicorn requests {NOTEBOOK_UI}",
     ),
     # the HTTP face may use everything below it; of the client only the local-gateway helper
     "gateway": rule(
         "gateway runner store scheduler schema bundle redact errors config gateway_config"
-        " client.local_gateway planner",
+        " client.local_gateway client.ports planner",
         never=f"torch typer {NOTEBOOK_UI}",
     ),
     # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()
     "client": rule(
-        "client schema errors config gateway_config bundle",
+        "client schema errors config gateway_config bundle text",
         lazily="notebook.monitor",
         never=f"{SERVER} torch typer rich {NOTEBOOK_UI}",
     ),
-    "notebook": rule("notebook client schema errors redact", never=f"{SERVER} torch typer rich"),
+    "notebook": rule(
+        "notebook client schema errors redact text", never=f"{SERVER} torch typer rich"
+    ),
     # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
     "cli": rule(
-        "cli client schema errors config gateway_config",
+        "cli client schema errors config gateway_config text",
         lazily="gateway.server manifests bundle examples checkpoints planner",
         never=f"{SERVER} torch {NOTEBOOK_UI}",
     ),

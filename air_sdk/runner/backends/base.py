@@ -26,10 +26,27 @@ class LaunchRequest:
     code_dir: Path
     #: per-attempt scratch: agent logs, rank exit records
     attempt_dir: Path
-    #: the entrypoint, relative to code_dir
+    #: the entrypoint, relative to code_dir, or "-m MODULE" (`program_argv` splits it)
     entrypoint: str
     #: env contract values the backend adds to (AIR_JOB_ID, AIR_ATTEMPT, AIR_JOB_TOKEN, ...)
     env: dict[str, str] = field(default_factory=dict)
+
+
+#: how an entrypoint says "run this module" (`python -m`)
+MODULE_PREFIX = "-m "
+
+
+def program_argv(entrypoint: str) -> list[str]:
+    """What follows `python -m air_sdk.runtime.supervise` for an entrypoint: the
+    script, or `-m MODULE` for a module job (JobSpec.module).
+
+    Example:
+        >>> program_argv("-m pkg.train"), program_argv("train.py")
+        (['-m', 'pkg.train'], ['train.py'])
+    """
+    if entrypoint.startswith(MODULE_PREFIX):
+        return ["-m", entrypoint.removeprefix(MODULE_PREFIX)]
+    return [entrypoint]
 
 
 @dataclass(frozen=True)

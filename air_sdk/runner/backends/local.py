@@ -44,7 +44,7 @@ from air_sdk._agent import MODULE as AGENT_MODULE
 from air_sdk._agent import is_agent
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends._warm import WarmAgentPool
-from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
+from air_sdk.runner.backends.base import LaunchRequest, NodeStatus, program_argv
 from air_sdk.runner.devices import local_virtual_nodes
 from air_sdk.runtime._failure_save import MARKER_DIR
 from air_sdk.scheduler import NodeSpec
@@ -204,7 +204,7 @@ class LocalBackend:
                 "--monitor-interval=0.1",
                 "-m",
                 "air_sdk.runtime.supervise",
-                request.entrypoint,
+                *program_argv(request.entrypoint),
                 *spec.args,
             ]
             log_path = request.attempt_dir / f"{assignment.node}.agent.log"

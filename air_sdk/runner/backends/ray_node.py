@@ -368,7 +368,15 @@ class _AttemptRun:
         )
         if not cmd.uses_gpus:
             base["CUDA_VISIBLE_DEVICES"] = ""
-        argv = [sys.executable, "-m", "air_sdk.runtime.supervise", cmd.entrypoint, *cmd.args]
+        from air_sdk.runner.backends.base import program_argv
+
+        argv = [
+            sys.executable,
+            "-m",
+            "air_sdk.runtime.supervise",
+            *program_argv(cmd.entrypoint),
+            *cmd.args,
+        ]
         self.attempt_dir.mkdir(parents=True, exist_ok=True)
         base["AIR_ATTEMPT_DIR"] = str(self.attempt_dir)
         with open(self.log_path, "ab") as log, self._changed:

@@ -43,6 +43,7 @@ def test_all_is_sorted_and_complete() -> None:
     assert bundle_pkg.__all__ == sorted(bundle_pkg.__all__, key=isort_key)
     public = {n for n in vars(bundle_pkg) if not n.startswith("_")} - {
         "annotations",
+        "cache",
         "pack",
         "unpack",
     }
@@ -354,3 +355,11 @@ def test_fifo_is_left_out(tmp_path: Path) -> None:
     os.mkfifo(root / "pipe")  # reading it would block forever
 
     assert "pipe" not in pack_directory(root).files
+
+
+def test_progress_hears_the_bytes_packed_up_to_the_total(tmp_path: Path) -> None:
+    for i in range(3):
+        (tmp_path / f"f{i}.bin").write_bytes(b"x" * 1000 * (i + 1))
+    heard: list[tuple[int, int]] = []
+    pack_directory(tmp_path, progress=lambda done, total: heard.append((done, total)))
+    assert heard == [(1000, 6000), (3000, 6000), (6000, 6000)]

@@ -3,175 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
-from typer.testing import CliRunner, Result
+from clitest import URL, FakeGateway, flat, invoke
 
 from air_sdk.cli import main as cli
 from air_sdk.client import Client, _http
-from air_sdk.client._http import mock_response, mock_session
-from air_sdk.schema import Event, JobRecord, JobSpec, JobState
+from air_sdk.client._http import mock_session
+from air_sdk.schema import JobRecord, JobState
 from air_sdk.schema.api import FailureInfo
-
-URL = "http://gw.test"
-runner = CliRunner()
-
-
-class FakeGateway:
-    """Just enough of the HTTP API for the CLI: jobs, events, logs, metrics, bundles."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, JobRecord] = {}
-        self.events: dict[str, list[Event]] = {}
-        self.requests: list[requests.PreparedRequest] = []
-        self.final_state = JobState.SUCCEEDED
-        self.logs_upto = 1 << 30
-
-    def add_job(self, job_id: str, state: JobState, **extra: object) -> JobRecord:
-        now = time.time()
-        rec = JobRecord(
-            id=job_id,
-            tenant="t",
-            name=extra.pop("name", "train"),  # type: ignore[arg-type]
-            state=state,
-            spec=JobSpec(entrypoint="train.py", resources={"nodes": 2}),
-            created_at=now - 90,
-            updated_at=now,
-            attempt=1,
-            **extra,
-        )
-        self.records[job_id] = rec
-        self.events.setdefault(job_id, [])
-        return rec
-
-    def emit(
-        self,
-        job_id: str,
-        type_: str,
-        rank: int | None = None,
-        data: dict | None = None,
-        **kw: object,
-    ) -> None:
-        log = self.events[job_id]
-        data = {**(data or {}), **kw}
-        seq = len(log) + 1
-        log.append(
-            Event(
-                seq=seq, job_id=job_id, ts=float(seq), type=type_, rank=rank, attempt=1, data=data
-            )
-        )
-
-    def run_to_end(self, job_id: str, final: JobState, steps: int = 3) -> None:
-        self.emit(job_id, "state", state="RUNNING")
-        self.emit(job_id, "attempt", attempt=1, phase="started")
-        for step in range(1, steps + 1):
-            points = [{"step": step, "ts": float(step), "values": {"loss": 1.0 / step}}]
-            self.emit(job_id, "metrics", rank=0, points=points)
-        self.emit(job_id, "log", rank=1, lines=["boom"])
-        if final is JobState.FAILED:
-            self.emit(job_id, "rank_exit", rank=1, data={"rank": 1, "exit_code": 3})
-        self.emit(job_id, "state", state=final.value)
-        self.records[job_id] = self.records[job_id].model_copy(update={"state": final})
-
-    def __call__(self, request: requests.PreparedRequest) -> requests.Response:
-        self.requests.append(request)
-        url = urlsplit(request.url or "")
-        path, query = url.path, {k: v[0] for k, v in parse_qs(url.query).items()}
-        parts = path.strip("/").split("/")[1:]  # drop "v1"
-        if parts == ["health"]:
-            return mock_response(200, {"status": "ok", "version": "test"})
-        if parts == ["cluster"]:
-            nodes = [{"name": f"node-{i}", "slots": 1} for i in range(2)]
-            return mock_response(200, {"nodes": nodes})
-        if parts[0] == "bundles":
-            return mock_response(404 if request.method == "HEAD" else 201, None)
-        if parts == ["jobs"] and request.method == "POST":
-            spec = JobSpec.model_validate_json(request.body)  # type: ignore[arg-type]
-            rec = self.add_job(f"j-{len(self.records) + 1}", JobState.QUEUED, name=spec.name)
-            self.records[rec.id] = rec = rec.model_copy(update={"spec": spec})
-            self.run_to_end(rec.id, self.final_state)
-            return mock_response(201, rec)
-        if parts == ["jobs"]:
-            wanted = query.get("state")
-            jobs = [r for r in self.records.values() if wanted in (None, r.state.value)]
-            return mock_response(200, {"jobs": [json.loads(r.model_dump_json()) for r in jobs]})
-        job_id, rest = parts[1], parts[2:]
-        if job_id not in self.records:
-            return mock_response(404, {"detail": f"no job {job_id}"})
-        rec, log = self.records[job_id], self.events[job_id]
-        after = int(query.get("after", 0))
-        if rest == []:
-            return mock_response(200, rec)
-        if rest == ["cancel"]:
-            self.records[job_id] = rec = rec.model_copy(
-                update={"state": JobState.CANCELLED, "cancel_requested": True}
-            )
-            return mock_response(200, rec)
-        if rest == ["events"]:
-            page = [json.loads(e.model_dump_json()) for e in log if e.seq > after]
-            return mock_response(
-                200, {"events": page, "last_seq": log[-1].seq if log else 0, "state": rec.state}
-            )
-        if rest == ["events", "stream"]:
-            chunks = [f"id: {e.seq}\ndata: {e.model_dump_json()}\n\n".encode() for e in log]
-            return mock_response(200, chunks=[e for e in chunks if e])
-        if rest == ["logs"]:
-            # The page sees the log as it was at seq `logs_upto` (later lines come "live").
-            shown = [e for e in log if e.type.value == "log" and e.seq <= self.logs_upto]
-            lines = [
-                {"attempt": 1, "rank": e.rank, "text": t} for e in shown for t in e.data["lines"]
-            ]
-            return mock_response(200, {"lines": lines, "last_seq": shown[-1].seq if shown else 0})
-        if rest == ["metrics"]:
-            rows = [
-                {
-                    "attempt": 1,
-                    "rank": e.rank,
-                    "step": p["step"],
-                    "ts": p["ts"],
-                    "values": p["values"],
-                }
-                for e in log
-                if e.type.value == "metrics"
-                for p in e.data["points"]
-            ]
-            return mock_response(200, {"points": rows})
-        raise AssertionError(f"unexpected {request.method} {path}")
-
-
-@pytest.fixture
-def gateway(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeGateway:
-    fake = FakeGateway()
-    monkeypatch.setattr(_http, "_sleep", lambda s: None)
-    monkeypatch.setenv("AIR_CONFIG_FILE", str(tmp_path / "absent.toml"))
-
-    def make_client(gateway: str | None = None, token: str | None = None, **_: object) -> Client:
-        return Client(gateway or URL, token or "tok", session=mock_session(fake), max_attempts=2)
-
-    monkeypatch.setattr(cli, "make_client", make_client)
-    return fake
-
-
-@pytest.fixture
-def script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    path = tmp_path / "train.py"
-    path.write_text("print('training')\n")
-    return path
-
-
-def invoke(*args: str) -> Result:
-    return runner.invoke(cli.app, list(args))
-
-
-def flat(text: str) -> str:
-    """Output without rich's box drawing and line wrapping."""
-    return " ".join(text.replace("│", " ").split())
-
 
 # -- argument errors: exit 2, a clear message, nothing sent --------------------
 
@@ -281,8 +124,8 @@ def test_jobs_json_is_a_list_of_job_records(gateway: FakeGateway) -> None:
     result = invoke("jobs", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert [JobRecord.model_validate(d).id for d in data] == ["j-1", "j-2"]
-    assert data[0]["state"] == "RUNNING" and data[0]["spec"]["resources"]["nodes"] == 2
+    assert [JobRecord.model_validate(d).id for d in data] == ["j-2", "j-1"]  # newest first
+    assert data[1]["state"] == "RUNNING" and data[1]["spec"]["resources"]["nodes"] == 2
 
 
 def test_jobs_state_filter_and_table(gateway: FakeGateway) -> None:
@@ -320,7 +163,8 @@ def test_status_of_a_failure_names_rank_exit_code_and_tail(gateway: FakeGateway)
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "FAILED" in out and "reason: rank 1 failed" in out
-    assert "rank 1 exit code 3 (attempt 1): worker crashed" in out
+    assert "failed: rank 1 exit code 3: worker crashed" in out
+    assert "j-1  train  FAILED  2 nodes x 1 rank" in out
     assert "KeyError" in out
     assert "step 3" in out and "loss 0.3333" in out
 

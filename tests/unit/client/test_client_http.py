@@ -83,7 +83,9 @@ def test_rate_limited_after_all_attempts(waits: list[float]) -> None:
         "Connection refused'))",
     ],
 )
-def test_connection_errors_become_transport_error(waits: list[float], text: str) -> None:
+def test_a_refused_connection_is_said_at_once_without_retries(
+    waits: list[float], text: str
+) -> None:
     refused = requests.ConnectionError(text)
     client, seen = scripted(*[refused] * 4)
     with pytest.raises(TransportError) as info:
@@ -94,7 +96,25 @@ def test_connection_errors_become_transport_error(waits: list[float], text: str)
         " start one with `air gateway start`"
     )
     assert isinstance(info.value.__cause__, requests.ConnectionError)
-    assert len(seen) == 4 and len(waits) == 3
+    assert len(seen) == 1 and waits == []  # nothing listens: no point in waiting
+
+
+def test_a_real_refused_socket_is_recognised() -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(requests.ConnectionError) as info:
+        requests.get(f"http://127.0.0.1:{port}/v1/health", timeout=5)
+    assert _http.is_refused(info.value)
+
+
+def test_a_reset_connection_is_retried(waits: list[float]) -> None:
+    reset = requests.ConnectionError("('Connection aborted.', ConnectionResetError(104))")
+    client, seen = scripted(reset, reset, mock_response(200, HEALTH))
+    assert client.health().version == "9.9.9"
+    assert len(seen) == 3 and len(waits) == 2
 
 
 def test_sends_token_and_user_agent(waits: list[float]) -> None:
@@ -110,7 +130,6 @@ def test_sends_token_and_user_agent(waits: list[float]) -> None:
 @pytest.mark.parametrize(
     ("status", "detail", "error_class"),
     [
-        (401, "missing bearer token", AuthError),
         (404, "no job j-1", NotFoundError),
         (409, "attempt 2 is stale", ConflictError),
         (422, "Idempotency-Key k was used with another body", IdempotencyError),
@@ -130,10 +149,63 @@ def test_error_statuses_map_to_specific_classes(
     assert len(seen) == 1 and waits == []  # never retried
 
 
-def test_auth_error_says_where_the_token_comes_from(waits: list[float]) -> None:
-    client, _ = scripted(mock_response(401, {"detail": "bad token"}))
-    with pytest.raises(AuthError, match="AIR_TOKEN"):
+@pytest.mark.parametrize(
+    "answer",
+    [
+        mock_response(401, {"detail": "the token is not valid (revoked, or for another gateway)"}),
+        mock_response(401),  # a HEAD (the bundle check of a submit) has no body
+    ],
+)
+def test_a_refused_token_is_one_message_on_every_route(
+    waits: list[float],
+    answer: requests.Response,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path,
+) -> None:
+    config = tmp_path / "config.toml"
+    monkeypatch.setenv("AIR_CONFIG_FILE", str(config))
+    monkeypatch.delenv("AIR_TOKEN", raising=False)
+    client, _ = scripted(answer)
+    with pytest.raises(AuthError) as info:
         client.jobs()
+    assert str(info.value) == (
+        f"the gateway at {URL} does not accept the token given (revoked, or issued by another"
+        " gateway): give a token this gateway issued (HTTP 401)"
+    )
+
+
+def test_a_refused_token_from_the_env_or_config_says_what_to_do(
+    waits: list[float], monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'gateway_url = "{URL}"\ntoken = "stale"\n')
+    monkeypatch.setenv("AIR_CONFIG_FILE", str(config))
+    monkeypatch.delenv("AIR_TOKEN", raising=False)
+
+    def refuse(request: requests.PreparedRequest) -> requests.Response:
+        return mock_response(401, {"detail": "the token is not valid"})
+
+    with pytest.raises(AuthError) as info:
+        Client(session=mock_session(refuse)).jobs()
+    assert str(info.value) == (
+        f"the gateway at {URL} does not accept the token in {config} (revoked, or issued by"
+        " another gateway): `air gateway start` rewrites it for the gateway on this machine;"
+        " for another, set AIR_TOKEN to a token it issued (`air admin token create`) (HTTP 401)"
+    )
+    monkeypatch.setenv("AIR_TOKEN", "wrong")
+    with pytest.raises(AuthError, match="the token in AIR_TOKEN .* or unset it to use the one in"):
+        Client(session=mock_session(refuse)).jobs()
+
+
+def test_an_empty_air_token_means_unset(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'gateway_url = "{URL}"\ntoken = "from-config"\n')
+    monkeypatch.setenv("AIR_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AIR_TOKEN", "")
+    seen: list[requests.PreparedRequest] = []
+    client = Client(session=mock_session(lambda r: seen.append(r) or mock_response(200, HEALTH)))
+    client.health()
+    assert seen[0].headers["Authorization"] == "Bearer from-config"
 
 
 def test_validation_error_list_is_readable(waits: list[float]) -> None:

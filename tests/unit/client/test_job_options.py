@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 import magics.air as air_magics
 from air_sdk.cli import main as cli
 from air_sdk.client import Client, Job
-from air_sdk.client.options import JOB_OPTIONS, JobOptions, job_spec_fields
+from air_sdk.client.options import CELL_OPTIONS, JOB_OPTIONS, JobOptions, job_spec_fields
 from air_sdk.errors import SpecError
 from air_sdk.notebook.cell_job import submit_cell
 from air_sdk.schema import JobRecord, JobSpec, JobState
 
 #: flags of `air submit` that are not job options: what to run and how to watch it
-CLI_OWN = {"script", "args", "follow", "gateway"}
+CLI_OWN = {"script", "args", "follow", "all_ranks", "gateway"}
 #: flags of `%%air train` that are not job options: what travels, the monitor, waiting
 MAGIC_OWN = {"files", "max_value_mib", "total_steps", "wait"}
 
@@ -64,8 +64,16 @@ def test_every_declared_default_is_the_jobspec_default():
             assert _spec_value(default_spec, option.info.spec) == option.info.default, option.name
 
 
+#: options that name the program (they stand for the script; tested on their own below)
+PROGRAM = {"module"}
+
+
 def test_the_test_sets_every_option_that_reaches_the_spec():
-    assert set(GIVEN) == {o.name for o in JOB_OPTIONS if o.info.spec is not None}
+    assert set(GIVEN) | PROGRAM == {o.name for o in JOB_OPTIONS if o.info.spec is not None}
+
+
+def test_only_the_program_options_stay_off_the_magic():
+    assert {o.name for o in JOB_OPTIONS} - {o.name for o in CELL_OPTIONS} == PROGRAM
 
 
 # -- the SDK -------------------------------------------------------------------------------
@@ -89,8 +97,25 @@ def test_client_submit_script_puts_every_option_where_it_belongs(tmp_path, monke
     Client("http://gw.test", token="t").submit_script("train.py", **GIVEN)
     (spec,) = sent
     for option in JOB_OPTIONS:
-        if option.info.spec is not None:
+        if option.info.spec is not None and option.name not in PROGRAM:
             assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
+
+
+def test_client_submit_script_runs_a_module_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    sent: list[tuple[JobSpec, Any]] = []
+    monkeypatch.setattr(Client, "submit", lambda self, spec, **kw: sent.append((spec, kw)))
+    client = Client("http://gw.test", token="t")
+    client.submit_script(module="pkg.train", args=["--epochs", "3"], nodes=2)
+    ((spec, kw),) = sent
+    assert (spec.module, spec.entrypoint, spec.args) == ("pkg.train", None, ["--epochs", "3"])
+    assert spec.name == "pkg.train" and kw["workdir"] == tmp_path.resolve()
+    with pytest.raises(SpecError, match="give a script or module='pkg.train', not both"):
+        client.submit_script("pkg/train.py", module="pkg.train")
+    with pytest.raises(SpecError, match="not a dotted module name"):
+        client.submit_script(module="pkg/train.py")
 
 
 def test_an_unknown_option_is_refused_with_the_nearest_name(tmp_path):
@@ -144,7 +169,8 @@ def test_air_submit_flags_reach_the_spec(monkeypatch, tmp_path):
     result = CliRunner().invoke(cli.app, argv)
     assert result.exit_code == 0, result.output
     (options,) = calls
-    assert {k: v for k, v in options.items() if k != "args" and v is not None} == GIVEN
+    own = ("args", "progress")  # the script's arguments, the bundling progress display
+    assert {k: v for k, v in options.items() if k not in own and v is not None} == GIVEN
 
 
 # -- the magic -----------------------------------------------------------------------------
@@ -158,8 +184,8 @@ def _magic_actions() -> dict[str, argparse.Action]:
 def test_air_train_has_every_declared_flag_with_its_help():
     actions = _magic_actions()
     train = {dest for dest, cmds in air_magics._OPTION_COMMANDS.items() if "train" in cmds}
-    assert train - MAGIC_OWN == {o.name for o in JOB_OPTIONS}
-    for option in JOB_OPTIONS:
+    assert train - MAGIC_OWN == {o.name for o in CELL_OPTIONS}
+    for option in CELL_OPTIONS:
         action = actions[option.name]
         assert set(action.option_strings) == set(option.flags), option.name
         assert action.help is not None and action.help.startswith(option.info.help)
@@ -202,7 +228,7 @@ def test_air_train_flags_reach_the_spec(monkeypatch, tmp_path):
         line += f" {flag} LR=0.1" if name == "env" else f" {flag} {value}"
     shell.run_cell_magic("air", line, "x = 1")
     (spec,) = recorder.specs
-    for option in JOB_OPTIONS:
+    for option in CELL_OPTIONS:
         if option.info.spec is not None:
             assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
     shell.user_ns.pop("_air_job", None)

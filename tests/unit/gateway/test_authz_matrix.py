@@ -69,6 +69,8 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("POST", "/v1/admin/tokens/{token_id}/revoke"): ADMIN,
     ("GET", "/v1/admin/nodes"): SYSTEM_ADMIN,
     ("POST", "/v1/admin/nodes/{name}/clear"): SYSTEM_ADMIN,
+    # deletes files of every tenant (the matrix asks for a dry run)
+    ("POST", "/v1/admin/gc"): SYSTEM_ADMIN,
 }
 
 
@@ -103,6 +105,8 @@ def world(tenancy):
             return {"json": {"role": "viewer", "name": "matrix"}}
         if path.endswith("/report"):
             return {"json": {"rank": 0, "lines": ["hello"]}}
+        if path == "/v1/admin/gc":
+            return {"json": {"dry_run": True}}
         return {}
 
     return tenancy, params, body

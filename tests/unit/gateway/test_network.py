@@ -4,6 +4,7 @@ not argv) and can come from AIR_GATEWAY_* env vars."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -58,16 +59,19 @@ def test_build_refuses_an_open_bind_and_serves_the_configured_host(tmp_path):
 
 def test_tls_reaches_uvicorn_and_makes_the_url_https(tmp_path, tls, monkeypatch):
     seen = {}
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: seen.update(kw))
+    monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets: seen.update(vars(self.config)))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     opts = GatewayOptions(
         host="0.0.0.0",
-        port=9443,
+        port=port,
         home=tmp_path,
         tls_cert=tls[0],
         tls_key=tls[1],
         write_client_config=False,
     )
-    assert opts.url == "https://0.0.0.0:9443"
+    assert opts.url == f"https://0.0.0.0:{port}"
     server.serve(opts)
     assert seen["ssl_certfile"] == str(tls[0]) and seen["ssl_keyfile"] == str(tls[1])
     assert seen["host"] == "0.0.0.0" and seen["server_header"] is False

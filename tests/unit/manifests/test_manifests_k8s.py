@@ -128,3 +128,13 @@ def test_air_render_k8s_names_the_bad_field(tmp_path):
     result = CliRunner().invoke(app, ["render", "k8s", str(job_file), "--image", IMAGE])
     assert result.exit_code == 2
     assert "resources.nodes" in result.output
+
+
+def test_a_module_job_runs_python_m_under_the_supervisor():
+    job = render_trainjob(
+        JobSpec(module="pkg.train", args=["--epochs", "3"]), K8sOptions(image=IMAGE)
+    )
+    assert_valid_trainjob(job)
+    trainer = job["spec"]["trainer"]
+    assert trainer["command"] == ["torchrun", "-m", "air_sdk.runtime.supervise", "-m", "pkg.train"]
+    assert trainer["args"] == ["--epochs", "3"]

@@ -494,3 +494,28 @@ def test_cancel_during_the_preemption_grace_ends_the_job(store, tmp_path):
     ctl.preempt("room needed")
     ctl.step()
     assert store.get_job(ctl.job_id).state is JobState.CANCELLED and ctl.done
+
+
+def test_a_module_job_gets_its_code_linked_from_the_cache_and_runs_python_m(store, tmp_path):
+    from air_sdk.bundle import pack_directory
+    from air_sdk.bundle.cache import BundleCache
+    from air_sdk.runner.backends.base import program_argv
+
+    bundle = pack_directory(tmp_path, extra_files={"pkg/__init__.py": b"", "pkg/train.py": b"x=1"})
+    archive = tmp_path / "bundle.tar.gz"
+    archive.write_bytes(bundle.data)
+    store.add_bundle("default", bundle.sha256, len(bundle.data), 2, str(archive))
+    spec = JobSpec(module="pkg.train", bundle_sha256=bundle.sha256, args=["--epochs", "3"])
+    job, _ = store.create_job(spec, tenant="default")
+    job = store.transition(job.id, JobState.SCHEDULED, "placed")
+    placement = Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),))
+    backend = FakeBackend()
+    cache = BundleCache(tmp_path / "code-cache")
+    paths = JobPaths(tmp_path / "jobs" / job.id)
+    ctl = JobController(store, backend, job, placement, paths, "http://gw", code_cache=cache)
+    assert ctl.step() == (JobState.SCHEDULED, JobState.STARTING)
+    (request,) = backend.launches
+    assert request.entrypoint == "-m pkg.train"
+    assert program_argv(request.entrypoint) == ["-m", "pkg.train"]
+    linked = paths.code / "pkg" / "train.py"
+    assert linked.stat().st_ino == (cache.tree(bundle.sha256) / "pkg" / "train.py").stat().st_ino

@@ -1,4 +1,13 @@
-from air_sdk.scheduler import JobRequest, NodeSpec, fits_ever, free_capacity, place, schedule_fifo
+from air_sdk.scheduler import (
+    MACHINE_CORES_LABEL,
+    MACHINE_GPUS_LABEL,
+    JobRequest,
+    NodeSpec,
+    fits_ever,
+    free_capacity,
+    place,
+    schedule_fifo,
+)
 from air_sdk.schema import NodeAssignment, Placement
 
 
@@ -64,3 +73,61 @@ def test_fits_ever_explains_what_to_change():
     assert reason is not None and "lower --nodes" in reason
     assert "no pool named 'gpu'" in (fits_ever(JobRequest("a", 1, 1, pool="gpu"), inv(1)) or "")
     assert fits_ever(JobRequest("a", 2, 1), inv(1, 1)) is None
+
+
+# -- a job that never fits this machine's virtual nodes names the flag that helps ------
+
+
+def _machine(num_nodes: int, cores: int, gpus: int = 0, slots: int | None = None) -> list[NodeSpec]:
+    labels = {MACHINE_CORES_LABEL: str(cores), MACHINE_GPUS_LABEL: str(gpus)}
+    per = gpus // num_nodes
+    return [
+        NodeSpec(
+            f"node-{i}",
+            slots or per or max(1, cores // num_nodes),
+            tuple(range(i * per, (i + 1) * per)),
+            labels=labels,
+        )
+        for i in range(num_nodes)
+    ]
+
+
+def test_too_few_slots_per_node_names_slots_per_node_and_the_cores():
+    reason = fits_ever(JobRequest("j", 2, 4), _machine(2, cores=2))
+    assert reason == (
+        "the job needs 2 nodes with 4 slots each; the gateway's nodes have 1 slot each"
+        " (this machine: 2 cores, no GPUs, split into 2 nodes): lower --procs-per-node to 1,"
+        " or restart the gateway with --slots-per-node 4 (ranks beyond the cores share them)"
+    )
+    assert "more nodes" not in reason
+
+
+def test_too_few_nodes_names_nodes_and_slots_per_node_when_the_cores_would_not_do():
+    assert fits_ever(JobRequest("j", 3, 1), _machine(2, cores=2)) == (
+        "the job needs 3 nodes with 1 slot each; the gateway has 2 nodes (this machine:"
+        " 2 cores, no GPUs, split into 2 nodes): lower --nodes to 2, or restart the gateway"
+        " with --nodes 3"
+    )
+    reason = fits_ever(JobRequest("j", 3, 2), _machine(2, cores=2)) or ""
+    assert reason.endswith("restart the gateway with --nodes 3 --slots-per-node 2")
+
+
+def test_gpus_on_this_machine_say_what_it_has():
+    assert fits_ever(JobRequest("j", 2, 2, 2), _machine(4, cores=8, gpus=4)) == (
+        "the job needs 2 nodes with 2 slots and 2 GPUs each; the gateway's nodes have 1 GPU"
+        " each (this machine: 8 cores, 4 GPUs, split into 4 nodes): restart the gateway with"
+        " --nodes 2, so each node gets 2 GPUs, or lower --gpus-per-node"
+    )
+    assert (fits_ever(JobRequest("j", 1, 1, 1), _machine(2, cores=2)) or "").endswith(
+        "this machine has no GPUs (this machine: 2 cores, no GPUs, split into 2 nodes):"
+        " give --gpus-per-node 0 (CPU)"
+    )
+
+
+def test_a_real_cluster_is_told_to_add_nodes_not_gateway_flags():
+    reason = fits_ever(
+        JobRequest("j", 3, 8, 8), [NodeSpec(f"g{i}", 8, tuple(range(8))) for i in range(2)]
+    )
+    assert reason is not None and "--slots-per-node" not in reason and "restart" not in reason
+    assert reason.endswith("or add such nodes to the cluster")
+    assert "2 such nodes (2 nodes, at most 8 slots and 8 GPUs each)" in reason

@@ -217,3 +217,13 @@ def test_a_librarys_loss_is_shown_first_and_is_the_summarys_loss():
     assert sorted(["train_loss", "loss"], key=metric_order) == ["loss", "train_loss"]
     assert loss_name(["epoch", "train/loss"]) == "train/loss"
     assert loss_name(["eval_loss", "epoch"]) == "eval_loss" and loss_name(["acc"]) is None
+
+
+def test_a_module_job_is_one_program_with_a_dotted_name():
+    assert JobSpec(module="pkg.train").module == "pkg.train"
+    with pytest.raises(ValueError, match="exactly one of entrypoint .a script., module"):
+        JobSpec(module="pkg.train", entrypoint="train.py")
+    with pytest.raises(ValueError, match="not a dotted module name such as pkg.train"):
+        JobSpec(module="pkg/train.py")
+    with pytest.raises(ValueError, match="starts with '-': python would read it as an option"):
+        JobSpec(entrypoint="-m.py")
