@@ -4,6 +4,11 @@ Example:
     >>> import air_sdk
     >>> air_sdk.JobSpec(entrypoint="train.py").resources.nodes
     1
+    >>> @air_sdk.distributed(nodes=2)
+    ... def train(epochs: int) -> float:
+    ...     return 0.0
+    >>> train(3)  # doctest: +SKIP
+    0.0
 """
 
 from air_sdk.errors import AirError
@@ -20,6 +25,7 @@ __all__ = [
     "Resources",
     "__version__",
     "checkpoints",
+    "distributed",
     "plan",
 ]
 
@@ -51,6 +57,10 @@ def __getattr__(name: str) -> object:
         from air_sdk.planner import plan
 
         return plan
+    if name == "distributed":  # loads cloudpickle and the client on first use
+        from air_sdk.notebook.function import distributed
+
+        return distributed
     if name in ("JobSnapshot", "JobSpec", "JobState", "Resources"):
         from air_sdk import schema
 

@@ -4,6 +4,7 @@
 AirError
 ├── ConfigError             settings or config file are wrong or missing
 ├── SpecError (ValueError)  a JobSpec is invalid; raised on the client, before upload
+│   └── CellCaptureError      a cell, or a function and its arguments, cannot travel
 ├── BundleError             packaging or unpacking job code
 │   ├── BundleTooLargeError   over the size or file-count limit
 │   └── UnsafeBundleError     absolute paths, "..", links out, devices
@@ -15,12 +16,17 @@ AirError
 │   ├── ConflictError         409: e.g. a stale attempt posting
 │   ├── IdempotencyError      422: same Idempotency-Key, different body
 │   └── RateLimitedError      429 after retries
-├── JobFailedError          `Job.wait(raise_on_failure=True)` on a FAILED job
+├── JobFailedError          a job ended FAILED: `Job.wait(raise_on_failure=True)`,
+│                           `Job.result()`, a call of an `@air_sdk.distributed` function
 └── JobTimeoutError         `Job.wait(timeout=...)` ran out
 ```
 
 Messages say what to change. Errors coming from the wire are translated in
 exactly one place (`air_sdk.client._http`).
+
+In IPython (notebooks, `%%air train`) an AIR error shows as its one line, not as a
+traceback of the SDK's frames (`_render_traceback_`, as ipyparallel's `RemoteError`
+does); a `JobFailedError` that carries a rank's traceback shows that traceback.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ __all__ = [
     "AuthError",
     "BundleError",
     "BundleTooLargeError",
+    "CellCaptureError",
     "CheckpointError",
     "ConfigError",
     "ConflictError",
@@ -48,7 +55,17 @@ __all__ = [
 
 
 class AirError(Exception):
-    """Base of every AIR error."""
+    """Base of every AIR error.
+
+    Example:
+        >>> AirError("raise --max-restarts")._render_traceback_()
+        ['AirError: raise --max-restarts']
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing a traceback: the message says what to
+        # change, and the SDK's own frames would bury it.
+        return [f"{type(self).__name__}: {self}"]
 
 
 class ConfigError(AirError):
@@ -57,6 +74,13 @@ class ConfigError(AirError):
 
 class SpecError(AirError, ValueError):
     """A JobSpec is invalid. Raised before anything is uploaded."""
+
+
+class CellCaptureError(SpecError):
+    """A notebook cell, or a function with its arguments, cannot travel to the workers:
+    it is not Python, or a value it uses cannot be pickled, is too large, or holds a
+    secret. Raised before anything is uploaded; the message names the value and says
+    what to do instead (see `air_sdk.notebook.capture`)."""
 
 
 class BundleError(AirError):
@@ -115,12 +139,54 @@ class RateLimitedError(ApiError):
 
 
 class JobFailedError(AirError):
-    """A job ended FAILED (raised by `Job.wait(raise_on_failure=True)`)."""
+    """A job ended FAILED (or CANCELLED under a waiting call).
 
-    def __init__(self, job_id: str, reason: str) -> None:
-        super().__init__(f"job {job_id} failed: {reason}")
+    Raised by `Job.wait(raise_on_failure=True)`, `Job.result()` and calls of an
+    `@air_sdk.distributed` function. When a rank raised a Python exception,
+    `remote_traceback` holds its traceback as the rank printed it, `remote_type` the
+    exception's class name and `rank` the rank; the message ends with the traceback
+    (as Ray's task errors do), and IPython shows the remote traceback instead of the
+    caller's frames.
+
+    Example:
+        >>> error = JobFailedError("j-1", "rank 1 raised ValueError: bad lr", rank=1,
+        ...     remote_type="ValueError",
+        ...     remote_traceback="ValueError: bad lr")
+        >>> error._render_traceback_()[-1]
+        'JobFailedError: job j-1 failed: rank 1 raised ValueError: bad lr'
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        reason: str,
+        *,
+        remote_traceback: str | None = None,
+        remote_type: str | None = None,
+        rank: int | None = None,
+    ) -> None:
+        message = f"job {job_id} failed: {reason}"
+        if remote_traceback:
+            where = "" if rank is None else f" (rank {rank})"
+            message += f"\n\nRemote traceback{where}:\n{remote_traceback.rstrip()}"
+        super().__init__(message)
         self.job_id = job_id
         self.reason = reason
+        self.remote_traceback = remote_traceback
+        self.remote_type = remote_type
+        self.rank = rank
+
+    def _render_traceback_(self) -> list[str]:
+        summary = f"{type(self).__name__}: job {self.job_id} failed: {self.reason}"
+        if not self.remote_traceback:
+            return [summary]
+        where = "" if self.rank is None else f" on rank {self.rank}"
+        return [
+            f"Remote traceback{where}:",
+            *self.remote_traceback.rstrip("\n").splitlines(),
+            "",
+            summary,
+        ]
 
 
 class JobTimeoutError(AirError):

@@ -6,16 +6,19 @@
     %air jobs / %air status JOB / %air logs JOB --rank 1 --tail 20 / %air cancel JOB
     %air attach JOB                 # the monitor again, e.g. after a kernel restart
 
-`%%air train` packages the cell (`air_sdk.notebook.capture`), submits it and
+`%%air train` packages the cell (`air_sdk.notebook.capture`), submits it
+(`air_sdk.notebook.submit`, the path `@air_sdk.distributed` takes too) and
 returns at once with the live monitor displayed, so the kernel stays free and
 the monitor's Cancel button works; `--wait` blocks until the job ends. The job
 is stored as `_air_job` in the notebook. Every call to the gateway goes through
 `make_client` (tests replace it); the monitor is shown by `show_monitor`.
 
 Thin by design: the job flags are made from the one declaration of job options
-(`air_sdk.client.options`); what `train` does is `air_sdk.notebook.cell_job`,
+(`air_sdk.client.options`); what `train` does is `air_sdk.notebook.submit`,
 what the line magics print is `air_sdk.notebook.job_views`, and `gateway start`
 goes through `air_sdk.client.local_gateway` (this module never imports the gateway).
+AIR errors show as one line (`AirError._render_traceback_`); this module patches no
+exception.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from IPython.display import display
 from IPython.utils.process import arg_split
 
 from air_sdk.client.options import CELL_OPTIONS, JobOption
-from air_sdk.errors import AirError, SpecError
+from air_sdk.errors import AirError, CellCaptureError, SpecError
 from air_sdk.notebook.job_views import JobsTable, gateway_status_text, job_status_text
 from air_sdk.schema.state import JobState
 
@@ -117,6 +120,16 @@ def _count(minimum: int) -> Any:
     return parse
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+_number.__name__ = "number"
+
+
 def _env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -154,6 +167,8 @@ def _job_option_kwargs(option: JobOption) -> dict[str, Any]:
         kwargs.update(type=_env_pair, action="append")
     elif option.type is int:
         kwargs["type"] = _count(info.minimum if info.minimum is not None else -(2**63))
+    elif option.type is float:
+        kwargs["type"] = _number
     return kwargs
 
 
@@ -257,27 +272,23 @@ class AirMagics(Magics):
         """
         args = _parse(line)
         _check_applicable(args, cell)
-        try:
-            if args.command == "train":
-                assert cell is not None
-                self._train(args, cell)
-            elif args.command == "gateway":
-                self._gateway(args)
-            elif args.command == "jobs":
-                display(JobsTable(make_client(args.gateway).jobs(limit=args.limit or 20)))
-            elif args.command == "status":
-                print(job_status_text(make_client(args.gateway).job_record(args.args[0])))
-            elif args.command == "logs":
-                self._logs(args)
-            elif args.command == "cancel":
-                self._cancel(args)
-            elif args.command == "attach":
-                job = make_client(args.gateway).job(args.args[0])
-                self._user_ns[JOB_VARIABLE] = job
-                show_monitor(job, **_monitor_options(args))
-        except AirError as exc:
-            _render_as_one_line(exc)
-            raise
+        if args.command == "train":
+            assert cell is not None
+            self._train(args, cell)
+        elif args.command == "gateway":
+            self._gateway(args)
+        elif args.command == "jobs":
+            display(JobsTable(make_client(args.gateway).jobs(limit=args.limit or 20)))
+        elif args.command == "status":
+            print(job_status_text(make_client(args.gateway).job_record(args.args[0])))
+        elif args.command == "logs":
+            self._logs(args)
+        elif args.command == "cancel":
+            self._cancel(args)
+        elif args.command == "attach":
+            job = make_client(args.gateway).job(args.args[0])
+            self._user_ns[JOB_VARIABLE] = job
+            show_monitor(job, **_monitor_options(args))
 
     @property
     def _user_ns(self) -> dict[str, Any]:
@@ -287,8 +298,7 @@ class AirMagics(Magics):
     # -- commands ------------------------------------------------------------------------
 
     def _train(self, args: argparse.Namespace, cell: str) -> None:
-        from air_sdk.notebook.capture import CellCaptureError
-        from air_sdk.notebook.cell_job import submit_cell, wait_for_end
+        from air_sdk.notebook.submit import submit_cell, wait_for_end
 
         options = {option.name: getattr(args, option.name) for option in CELL_OPTIONS}
         if options["env"] is not None:
@@ -382,13 +392,6 @@ class AirMagics(Magics):
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def _render_as_one_line(exc: AirError) -> None:
-    """IPython shows an exception through its `_render_traceback_` when it has one: an
-    AIR error (what to change) reads better as one line than as a traceback of the SDK."""
-    line = f"{type(exc).__name__}: {exc}"
-    exc._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]
 
 
 def _parse(line: str) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""Packaging and safe unpacking of job code.
+"""Packaging and safe unpacking of job code, and the extra files sent with it.
 
 Example:
     >>> import tempfile
@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from air_sdk.bundle.files import MAX_FILES_BYTES, collect_files
 from air_sdk.bundle.pack import Bundle, pack_directory
 from air_sdk.bundle.unpack import (
     DEFAULT_MAX_BYTES,
@@ -25,8 +26,10 @@ from air_sdk.bundle.unpack import (
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_FILES",
+    "MAX_FILES_BYTES",
     "Bundle",
     "bundle_bytes_sha256",
+    "collect_files",
     "pack_directory",
     "unpack_bundle",
 ]

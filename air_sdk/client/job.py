@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -170,6 +170,23 @@ class Job:
             raise JobFailedError(self.id, _failure_reason(record))
         return record
 
+    def result(self, timeout: float | None = None) -> Any:
+        """Rank 0's return value of the `@air_sdk.distributed` function this job runs,
+        once the job ends (waiting up to `timeout` seconds).
+
+        Raises `JobFailedError` for a FAILED or CANCELLED job, with the traceback of
+        the rank that raised (IPython shows that traceback), and `JobTimeoutError`
+        when `timeout` runs out first.
+
+        Example:
+            >>> job = train.submit(epochs=3)  # doctest: +SKIP
+            >>> job.result(timeout=600)  # doctest: +SKIP
+            {'loss': 0.0123}
+        """
+        from air_sdk.client.result import function_result
+
+        return function_result(self, self.wait(timeout))
+
     def cancel(self) -> JobRecord:
         """Ask the gateway to cancel the job (idempotent; a finished job stays as it ended).
 
@@ -191,14 +208,24 @@ class Job:
 
     # -- events --------------------------------------------------------------
 
-    def events(self, after: int = 0, limit: int = EVENT_PAGE_LIMIT) -> EventPage:
-        """One page of the event log: events with `seq > after`, at most `limit`.
+    def events(
+        self,
+        after: int = 0,
+        limit: int = EVENT_PAGE_LIMIT,
+        types: Sequence[EventType] | None = None,
+    ) -> EventPage:
+        """One page of the event log: events with `seq > after`, at most `limit`, only
+        of `types` when given.
 
         Example:
             >>> page = job.events(after=0)  # doctest: +SKIP
             >>> next_page = job.events(after=page.last_seq)  # doctest: +SKIP
+            >>> job.events(types=[EventType.CHECKPOINT]).events  # doctest: +SKIP
         """
-        return self.client._get(f"{self._path}/events", EventPage, {"after": after, "limit": limit})
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if types:
+            params["type"] = [EventType(t).value for t in types]
+        return self.client._get(f"{self._path}/events", EventPage, params)
 
     def snapshot(self) -> JobSnapshot:
         """The fold of the whole event log: state, step, latest metrics, log tails.

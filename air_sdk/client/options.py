@@ -5,8 +5,9 @@ TypedDict: its name, its type and, in an `Option`, its default, help text and
 where it goes in a `JobSpec`. Three faces are made from it and nothing else:
 
 - the SDK's keyword arguments: `Client.submit_script(script, **options)` and
-  `air_sdk.notebook.cell_job.submit_cell(...)` take `**options: Unpack[JobOptions]`,
-  so type checkers and IDEs see every option;
+  `air_sdk.notebook.submit.submit_cell(...)`, `submit_package(...)` and
+  `@air_sdk.distributed(...)` take `**options: Unpack[JobOptions]`, so type checkers
+  and IDEs see every option;
 - the CLI's `air submit` flags (`air_sdk.cli.job_flags`, typer);
 - the `%%air train` flags (`magics.air`, IPython magic_arguments), except options
   declared `cell=False` (`module`: a cell is its own program).
@@ -173,6 +174,15 @@ class JobOptions(TypedDict, total=False):
             spec="accelerator",
             metavar="TYPE",
             help="Accelerator type: a100, h100, cpu; gpu for any GPU (default: what the pool has).",
+        ),
+    ]
+    timeout: Annotated[
+        float | None,
+        Option(
+            spec="timeout_s",
+            metavar="SECONDS",
+            help="Wall-clock limit of the whole job in seconds; past it the job is"
+            " stopped and FAILED (default: none).",
         ),
     ]
     dp_replicate: Annotated[

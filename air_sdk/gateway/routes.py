@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import os
 import shutil
@@ -41,6 +43,7 @@ from air_sdk.schema import (
     CheckpointList,
     EventPage,
     EventType,
+    FunctionResult,
     GpuInfo,
     Health,
     Inventory,
@@ -300,12 +303,18 @@ async def events_page(
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     wait: Annotated[float, Query(ge=0, le=60, description="Long-poll seconds")] = 0,
+    type: Annotated[  # noqa: A002 - the query parameter's name
+        list[EventType] | None, Query(description="Only events of these types")
+    ] = None,
 ) -> EventPage:
     job = await run_in_threadpool(_job_or_404, ctx, principal, job_id)
     deadline = asyncio.get_running_loop().time() + wait
     while ctx.store.last_seq(job_id) <= after and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(SSE_POLL_S)
-    events = await run_in_threadpool(ctx.store.read_events, job_id, after=after, limit=limit)
+    types = tuple(type) if type else None
+    events = await run_in_threadpool(
+        ctx.store.read_events, job_id, after=after, limit=limit, types=types
+    )
     job = ctx.store.get_job(job_id) or job
     return EventPage(events=events, last_seq=events[-1].seq if events else after, state=job.state)
 
@@ -442,7 +451,7 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
         report = WorkerReport.model_validate_json(body)
     except ValidationError as exc:
         raise HTTPException(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
-    if report.lines or report.exit is not None or report.checkpoints:
+    if report.lines or report.exit is not None or report.checkpoints or report.result is not None:
         report = _scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
     for record in report.checkpoints:
         if isinstance(record, CheckpointRestore):
@@ -458,7 +467,8 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
 
 def _scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:
     """The report with the job's secret env values and any token replaced in its text
-    (output lines, exit tails, checkpoint records), before anything is stored."""
+    (output lines, exit tails, checkpoint records, a function's error), before anything
+    is stored; a function's return value holding one is refused (`_scrubbed_result`)."""
     update: dict[str, object] = {}
     if report.lines:
         update["lines"] = redactor.lines(report.lines)
@@ -469,4 +479,29 @@ def _scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:
             type(c).model_validate(redactor.value(c.model_dump(mode="json")))
             for c in report.checkpoints
         ]
+    if report.result is not None:
+        update["result"] = _scrubbed_result(report.result, redactor)
     return report.model_copy(update=update) if update else report
+
+
+def _scrubbed_result(result: FunctionResult, redactor: Redactor) -> FunctionResult:
+    """A function's error texts scrubbed; a return value holding a secret is refused
+    (a pickle cannot be edited), so it never reaches the event log."""
+    if result.value_b64:
+        try:
+            raw = base64.b64decode(result.value_b64, validate=True)
+        except binascii.Error as exc:
+            raise HTTPException(422, f"result.value_b64 is not base64: {exc}") from exc
+        text = raw.decode("latin-1")  # byte for byte, so an ASCII secret is found as is
+        if redactor.text(text) != text:
+            raise HTTPException(
+                422,
+                "the return value holds a secret of the job's environment or an AIR token;"
+                " return something else (read secrets from os.environ where they are used)",
+            )
+    update = {
+        key: redactor.text(text)
+        for key, text in (("error", result.error), ("traceback", result.traceback))
+        if text
+    }
+    return result.model_copy(update=update) if update else result

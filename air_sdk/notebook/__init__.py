@@ -1,5 +1,6 @@
 """Notebook views of a job: pure renderers (JobSnapshot -> HTML, text, PNG) and the
-live ipywidgets monitor.
+live ipywidgets monitor; and code from a notebook to the ranks (`capture`, `submit`,
+`function`: `%%air train` cells and `@air_sdk.distributed` calls).
 
 Exports are lazy, so `import air_sdk.notebook` loads neither ipywidgets nor
 matplotlib; the first use of `JobMonitor` or `render_chart_png` does.

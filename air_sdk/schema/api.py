@@ -12,7 +12,7 @@ Routes (all but `/v1/health` need `Authorization: Bearer <token>`):
 | GET    | /v1/jobs/{id}                                |                         | JobRecord    |
 | POST   | /v1/jobs/{id}/cancel                         |                         | JobRecord    |
 | GET    | /v1/jobs/{id}/attempts                       |                         | AttemptList  |
-| GET    | /v1/jobs/{id}/events                         | ?after=&limit=&wait=    | EventPage    |
+| GET    | /v1/jobs/{id}/events                         | ?after=&limit=&wait=&type= | EventPage |
 | GET    | /v1/jobs/{id}/events/stream                  | ?after= / Last-Event-ID | SSE of Event |
 | GET    | /v1/jobs/{id}/logs                 | ?rank=&attempt=&after=&limit=&tail=&before= | LogPage |
 | GET    | /v1/jobs/{id}/metrics                        | ?name=&rank=&after=&limit= | MetricsPage |

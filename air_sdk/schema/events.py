@@ -18,6 +18,7 @@ through it (never as dicts by key):
 | `checkpoint` | `CheckpointCommit`, `CheckpointSkip` or `CheckpointRestore` | worker reports     |
 | `util`       | `UtilBatch` (`DeviceSample`s), rank set                     | worker reports     |
 | `alert`      | `Alert` (straggler, reattached, ...)                        | the runner         |
+| `result`     | `FunctionResult` (an `@air_sdk.distributed` call), rank set | worker reports     |
 
 On the wire and in the store an event's `data` is the payload's JSON, as it
 always was, so stored rows read back unchanged. A reader ignores fields it does
@@ -45,6 +46,12 @@ from air_sdk.schema.state import JobState
 MAX_POINTS_PER_REPORT = 10_000
 MAX_LOG_LINES_PER_REPORT = 10_000
 MAX_LOG_LINE_CHARS = 16_384
+#: the largest pickled return value rank 0 of an `@air_sdk.distributed` call may post; a
+#: report carries it base64-encoded (4/3 of it: 2.7 MiB) and the gateway takes reports of
+#: 4 MiB (`air_sdk.gateway_config.RequestLimits.max_report_bytes`)
+MAX_RESULT_BYTES = 2 << 20
+#: a failing rank's traceback is cut to its last this many characters
+MAX_TRACEBACK_CHARS = 64 << 10
 
 
 class EventType(str, Enum):
@@ -58,6 +65,7 @@ class EventType(str, Enum):
     CHECKPOINT = "checkpoint"
     UTIL = "util"
     ALERT = "alert"
+    RESULT = "result"
 
 
 class _Payload(WireModel):
@@ -325,6 +333,35 @@ class CheckpointRestore(_Payload):
     )
 
 
+# ---- how a function call ended ------------------------------------------------------------
+
+
+class FunctionResult(_Payload):
+    """How an `@air_sdk.distributed` function ended on one rank (a `result` event):
+    rank 0 posts its return value (cloudpickle, base64), any rank that raised posts the
+    exception and its traceback. Read back by `Job.result()`.
+
+    Example:
+        >>> FunctionResult(ok=False, error_type="ValueError", error="bad lr").ok
+        False
+    """
+
+    ok: bool = Field(description="True: the function returned; False: it raised.")
+    value_b64: str | None = Field(
+        None,
+        max_length=(MAX_RESULT_BYTES + 2) // 3 * 4,
+        description="Rank 0's return value: cloudpickle bytes, base64 (standard alphabet).",
+    )
+    size_bytes: int = Field(0, ge=0, le=MAX_RESULT_BYTES, description="Pickled size.")
+    error_type: str | None = Field(None, max_length=300, description="e.g. 'ValueError'.")
+    error: str | None = Field(
+        None, max_length=MAX_LOG_LINE_CHARS, description="str() of the exception."
+    )
+    traceback: str | None = Field(
+        None, max_length=MAX_TRACEBACK_CHARS, description="As the rank printed it."
+    )
+
+
 #: what a `checkpoint` event holds
 CheckpointRecord: TypeAlias = CheckpointCommit | CheckpointSkip | CheckpointRestore
 
@@ -340,6 +377,7 @@ EventPayload: TypeAlias = (
     | CheckpointRestore
     | UtilBatch
     | Alert
+    | FunctionResult
 )
 
 #: event type -> the payload models it may hold (one, except checkpoints)
@@ -352,6 +390,7 @@ PAYLOAD_MODELS: dict[EventType, tuple[type[_Payload], ...]] = {
     EventType.CHECKPOINT: (CheckpointCommit, CheckpointSkip, CheckpointRestore),
     EventType.UTIL: (UtilBatch,),
     EventType.ALERT: (Alert,),
+    EventType.RESULT: (FunctionResult,),
 }
 _TYPE_OF: dict[type[_Payload], EventType] = {
     model: etype for etype, models in PAYLOAD_MODELS.items() for model in models
@@ -482,10 +521,13 @@ class WorkerReport(WireModel):
     heartbeat_step: int | None = None
     dropped_points: int = Field(0, ge=0, description="Points dropped on the worker (buffer full).")
     checkpoints: list[CheckpointRecord] = Field(default_factory=list, max_length=100)
+    #: an `@air_sdk.distributed` call ended on this rank: its value (rank 0) or its error
+    result: FunctionResult | None = None
 
     def payloads(self) -> list[EventPayload]:
         """The events this report becomes, in the order they are stored: metrics, log
-        lines, device samples, checkpoint records, and last the rank's exit."""
+        lines, device samples, checkpoint records, a function's result, and last the rank's
+        exit (so a reader that sees the exit has seen the result)."""
         out: list[EventPayload] = []
         if self.points or self.dropped_points:
             out.append(MetricsBatch(points=self.points, dropped_points=self.dropped_points))
@@ -494,6 +536,8 @@ class WorkerReport(WireModel):
         if self.samples:
             out.append(UtilBatch(samples=self.samples))
         out.extend(self.checkpoints)
+        if self.result is not None:
+            out.append(self.result)
         if self.exit is not None:
             out.append(self.exit)
         return out

@@ -71,8 +71,11 @@ RULES: dict[str, Rule] = {
         lazily="notebook.monitor",
         never=f"{SERVER} torch typer rich {NOTEBOOK_UI}",
     ),
+    # cell and function packaging and the views; the bundle's file reader only when sending
     "notebook": rule(
-        "notebook client schema errors redact text", never=f"{SERVER} torch typer rich"
+        "notebook client schema errors redact text",
+        lazily="bundle",
+        never=f"{SERVER} torch typer rich",
     ),
     # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
     "cli": rule(
@@ -87,7 +90,7 @@ RULES: dict[str, Rule] = {
     "manifests": rule("manifests schema errors redact", never=f"{SERVER} torch kubernetes"),
     "examples": rule("runtime", never=SERVER),
     "_agent": rule("", never=SERVER),
-    "__init__": rule("errors", lazily="client schema planner"),
+    "__init__": rule("errors", lazily="client schema planner notebook.function"),
     # thin: parse, call the client or the notebook helpers; never the gateway
     "magics": rule("client notebook schema errors config", never=f"{SERVER} torch typer"),
 }
@@ -193,7 +196,8 @@ def test_import_air_sdk_stays_light():
 
 def test_the_magics_and_their_helpers_load_no_gateway():
     code = (
-        "import sys, magics.air, air_sdk.client.local_gateway, air_sdk.notebook.cell_job\n"
+        "import sys, magics.air, air_sdk.client.local_gateway, air_sdk.notebook.submit,"
+        " air_sdk.notebook.function\n"
         "print(sorted(m for m in sys.modules if m.startswith(('air_sdk.gateway.', 'fastapi',"
         " 'air_sdk.runner', 'air_sdk.store', 'uvicorn'))))"
     )

@@ -44,6 +44,7 @@ def test_all_is_sorted_and_complete() -> None:
     public = {n for n in vars(bundle_pkg) if not n.startswith("_")} - {
         "annotations",
         "cache",
+        "files",
         "pack",
         "unpack",
     }

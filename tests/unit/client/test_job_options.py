@@ -22,7 +22,8 @@ from air_sdk.cli import main as cli
 from air_sdk.client import Client, Job
 from air_sdk.client.options import CELL_OPTIONS, JOB_OPTIONS, JobOptions, job_spec_fields
 from air_sdk.errors import SpecError
-from air_sdk.notebook.cell_job import submit_cell
+from air_sdk.notebook.function import distributed
+from air_sdk.notebook.submit import submit_cell, submit_package
 from air_sdk.schema import JobRecord, JobSpec, JobState
 
 #: flags of `air submit` that are not job options: what to run and how to watch it
@@ -42,6 +43,7 @@ GIVEN: dict[str, Any] = {
     "pool": "cpu",
     "priority": "high",
     "accelerator": "cpu",
+    "timeout": 600.0,
     "dp_replicate": 2,
     "dp_shard": 2,
     "tp": 2,
@@ -79,11 +81,14 @@ def test_only_the_program_options_stay_off_the_magic():
 # -- the SDK -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("function", [Client.submit_script, submit_cell])
+@pytest.mark.parametrize(
+    "function", [Client.submit_script, submit_cell, submit_package, distributed]
+)
 def test_the_sdk_keyword_arguments_are_the_declaration(function):
-    import air_sdk.notebook.cell_job
+    from air_sdk.notebook.capture import CellPackage
 
-    namespace = {**vars(air_sdk.notebook.cell_job), "Client": Client, "Job": Job}
+    # the function's own module, plus the names it imports only for type checking
+    namespace = {**function.__globals__, "Client": Client, "Job": Job, "CellPackage": CellPackage}
     hints = typing.get_type_hints(function, globalns=namespace)
     assert hints["options"] == typing.Unpack[JobOptions]
     assert set(typing.get_type_hints(JobOptions)) == {o.name for o in JOB_OPTIONS}
@@ -240,3 +245,29 @@ def test_parallelism_flags_that_do_not_fit_the_job_say_what_to_change(monkeypatc
     result = CliRunner().invoke(cli.app, ["submit", "train.py", "--nodes", "2", "--tp", "2"])
     assert result.exit_code == 2
     assert "tp=2 must stay inside one node" in result.stderr
+
+
+# -- the function API ----------------------------------------------------------------------
+
+
+def test_distributed_options_reach_the_spec(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recorder = _Recorder()
+
+    @distributed(client=recorder, **GIVEN)  # type: ignore[arg-type]
+    def train() -> None:
+        return None
+
+    train.submit()
+    (spec,) = recorder.specs
+    for option in CELL_OPTIONS:  # module= names a program: a function is its own
+        if option.info.spec is not None:
+            assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
+
+
+def test_a_function_or_cell_job_refuses_a_module(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError, match="module= names a program to run"):
+        distributed(client=_Recorder(), module="pkg.train")(print)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="module= names a program to run"):
+        submit_cell(_Recorder(), "print(1)", {}, module="pkg.train")  # type: ignore[arg-type]

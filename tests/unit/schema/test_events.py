@@ -22,6 +22,7 @@ from air_sdk.schema.events import (
     EventPayload,
     EventType,
     FailureInfo,
+    FunctionResult,
     LogBatch,
     MetricPoint,
     MetricsBatch,
@@ -76,6 +77,13 @@ PAYLOADS: list[EventPayload] = [
     CheckpointRestore(step=40, path="/ck/40", attempt=2),
     UtilBatch(samples=[DeviceSample(node="node-0", device="gpu0", ts=2.0, util_pct=93.0)]),
     Alert(kind="straggler", rank=3, detail="rank 3's step time stays above 2x"),
+    FunctionResult(ok=True, value_b64="gARLAy4=", size_bytes=5),  # pickle.dumps(3)
+    FunctionResult(
+        ok=False,
+        error_type="ValueError",
+        error="bad lr",
+        traceback='Traceback (most recent call last):\n  File "<air call>", line 1\nValueError: bad lr',
+    ),
 ]
 
 
@@ -173,6 +181,7 @@ def test_a_worker_report_becomes_its_events_in_order():
         lines=["step 1"],
         samples=[DeviceSample(node="n", device="cpu", ts=0.0)],
         checkpoints=[COMMIT],
+        result=FunctionResult(ok=True, value_b64="gARLAy4=", size_bytes=5),
         exit=RankExit(rank=0, exit_code=0),
         heartbeat_step=1,
     )
@@ -181,6 +190,7 @@ def test_a_worker_report_becomes_its_events_in_order():
         EventType.LOG,
         EventType.UTIL,
         EventType.CHECKPOINT,
+        EventType.RESULT,  # before the exit: a reader that sees the exit has the value
         EventType.RANK_EXIT,
     ]
     assert WorkerReport(rank=0, heartbeat_step=3).payloads() == []
