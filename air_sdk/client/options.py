@@ -241,6 +241,16 @@ class JobOptions(TypedDict, total=False):
             help="Context-parallel size (needs GPUs).",
         ),
     ]
+    model: Annotated[
+        str | None,
+        Option(
+            spec="model.preset",
+            metavar="PRESET",
+            help="What the job trains, as a planner preset (llama3-8b, llama3-70b, gpt2-124m;"
+            " `air plan --help`): a GPU job whose layout cannot fit its GPUs is then refused"
+            " at submit, with a layout that fits.",
+        ),
+    ]
     module: Annotated[
         str | None,
         Option(

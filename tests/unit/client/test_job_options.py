@@ -49,6 +49,7 @@ GIVEN: dict[str, Any] = {
     "tp": 2,
     "pp": 1,
     "cp": 1,
+    "model": "gpt2-124m",
 }
 
 
