@@ -10,6 +10,13 @@ shuts its kernels down), the gateway the notebook started is stopped, and whatev
 still carries the env's marker (kernel, gateway, torchrun agents, ranks) is killed.
 A failing test leaves a full-page screenshot and the notebook's text next to its
 temporary directory (the path is in the failure report).
+
+The pictures of the monitor in docs/images are taken by these tests from real runs.
+They are written there only with `AIR_UPDATE_SCREENSHOTS=1` (a plain run must not
+dirty the checkout); otherwise into the test's temporary directory, and checked the
+same way either way:
+
+    AIR_UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest tests/e2e
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +53,9 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+#: `AIR_UPDATE_SCREENSHOTS=1`: the screenshot tests rewrite docs/images
+UPDATE_SCREENSHOTS_ENV = "AIR_UPDATE_SCREENSHOTS"
+DOCS_IMAGES = REPO / "docs" / "images"
 LAB_START_TIMEOUT_S = 60
 IDLE_TEXT = "Python 3 (ipykernel) | Idle"
 # Run-menu commands ("Run All Above Selected Cell", ...), by id: labels carry shortcuts.
@@ -348,6 +358,41 @@ class Notebook:
                 selector,
             )
         )
+
+
+@pytest.fixture
+def screenshot(tmp_path: Path) -> Callable[[Any, str], Path]:
+    """`screenshot(locator, "monitor.png")`: a PNG of the element, in docs/images with
+    `AIR_UPDATE_SCREENSHOTS=1`, else in the test's temporary directory. Returns the
+    path, after checking that it holds a PNG of a visible size."""
+
+    def take(locator: Any, name: str) -> Path:
+        update = os.environ.get(UPDATE_SCREENSHOTS_ENV) == "1"
+        path = (DOCS_IMAGES if update else tmp_path) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A monitor with a checkpoints table is taller than the window: grow the window
+        # for the picture, or the status bar covers its bottom and the rest is cut off.
+        page = locator.page
+        viewport = page.viewport_size
+        box = locator.bounding_box()
+        if viewport and box and box["height"] + 200 > viewport["height"]:
+            page.set_viewport_size({**viewport, "height": int(box["height"]) + 400})
+        try:
+            locator.screenshot(path=str(path))
+        finally:
+            if viewport:
+                page.set_viewport_size(viewport)
+        width, height = png_size(path.read_bytes())
+        assert width >= 200 and height >= 100, f"{path}: a {width}x{height} picture"
+        return path
+
+    return take
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's header; fails on anything that is not a PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 @pytest.fixture

@@ -14,73 +14,34 @@ from __future__ import annotations
 import re
 import textwrap
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
 from airtest import no_processes_left, wait_for
-from notebook_env import REPO, IsolatedEnv
+from monitor_page import (
+    CANCEL,
+    PROGRESS_BAR,
+    STEP,
+    chart_src,
+    gateway_client,
+    state_text,
+    step_number,
+    wait_state,
+)
+from notebook_env import REPO
 
-from air_sdk.client import Client
 from air_sdk.gateway.server import running_gateway
 from air_sdk.runner.backends.local import job_processes
 
 pytestmark = pytest.mark.slow
 
-SCREENSHOT = REPO / "docs" / "images" / "monitor.png"
 QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
-STATE = ".air-monitor .air-state"
-STEP = ".air-monitor .air-step"
-CHART = ".air-monitor .air-chart"
-PROGRESS_BAR = ".air-monitor .widget-hprogress.air-progress .progress-bar"
-CANCEL = ".air-monitor .air-cancel"
-_STEP_NUMBER = re.compile(r"step (\d+)")
-
-
-def state_text(notebook: Any) -> str:
-    return str(notebook.page.locator(STATE).inner_text())
-
-
-def wait_state(notebook: Any, state: str, timeout_s: float) -> None:
-    """Wait, polling in the page (every frame, so a short state is not missed)."""
-    try:
-        notebook.page.wait_for_function(
-            "([sel, state]) => (document.querySelector(sel)?.innerText || '').includes(state)",
-            arg=[STATE, state],
-            timeout=timeout_s * 1000,
-        )
-    except Exception as exc:
-        raise AssertionError(
-            f"the monitor never showed {state} within {timeout_s:g} s; it shows"
-            f" {state_text(notebook)!r}:\n{notebook.text()}"
-        ) from exc
-
-
-def chart_src(notebook: Any) -> str | None:
-    return notebook.page.evaluate(
-        "(sel) => document.querySelector(sel)?.getAttribute('src') ?? null", CHART
-    )
-
-
-def step_number(text: str) -> int | None:
-    match = _STEP_NUMBER.search(text)
-    return int(match.group(1)) if match else None
-
-
-def gateway_client(env: IsolatedEnv) -> Client:
-    """A client with the token `%air gateway start` wrote (config file, else AIR_HOME)."""
-    token = None
-    if env.config_file.exists():
-        token = tomllib.loads(env.config_file.read_text()).get("token")
-    if not token:
-        token = (env.air_home / "token").read_text().strip()
-    return Client(env.gateway_url, token, max_attempts=2)
 
 
 def test_monitor_updates_live_while_the_kernel_is_idle(
-    open_notebook: Any, jupyter_lab: Any
+    open_notebook: Any, jupyter_lab: Any, screenshot: Any
 ) -> None:
     notebook = open_notebook(QUICKSTART)
     page = notebook.page
@@ -123,7 +84,8 @@ def test_monitor_updates_live_while_the_kernel_is_idle(
     assert len(steps_seen) >= 3, f"the step did not move while idle: {sorted(steps_seen)}"
     assert len(charts_seen) >= 2, f"the chart did not redraw while idle: {len(charts_seen)}"
 
-    # 3. The end: SUCCEEDED, a full progress bar, and a picture for the docs.
+    # 3. The end: SUCCEEDED, a full progress bar, and a picture for the docs
+    # (docs/images/monitor.png with AIR_UPDATE_SCREENSHOTS=1).
     wait_state(notebook, "SUCCEEDED", timeout_s=120)
     wait_for(
         lambda: "width: 100%" in (page.locator(PROGRESS_BAR).get_attribute("style") or ""),
@@ -132,9 +94,7 @@ def test_monitor_updates_live_while_the_kernel_is_idle(
     )
     final = page.locator(STEP).inner_text()
     assert "(100%)" in final and (step_number(final) or 0) >= max(steps_seen), final
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.locator(".air-monitor").screenshot(path=str(SCREENSHOT))
-    assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    screenshot(page.locator(".air-monitor"), "monitor.png")
 
     # 4. The rest of the notebook: wait, read the metrics back, stop the gateway.
     notebook.run_from("job.wait(")

@@ -6,8 +6,9 @@ notebooks start and stop a gateway, so each needs its own HOME, AIR_HOME, config
 file and gateway port (never the user's ~/.config/air or port 8470). Setting those
 in this process would leak into every other test. Each notebook is copied into a
 temporary directory first, so what it writes (the SDK notebook's script) never
-lands in the checkout. `--nbval-lax` checks that no cell raises; the cells assert
-what matters themselves (the job SUCCEEDED, every step's loss arrived, it fell).
+lands in the checkout. `--nbval-lax` checks that no cell raises and compares the
+outputs of the cells tagged `nbval-check-output` only; the cells assert what matters
+themselves (the job SUCCEEDED, every step's loss arrived, it fell).
 """
 
 from __future__ import annotations
@@ -24,14 +25,21 @@ from notebook_env import REPO, isolated_env
 pytestmark = pytest.mark.slow
 
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
-#: one notebook runs in 20-40 s on 2 cores; this bounds a hung cell or job
+#: one notebook runs in 20-70 s on 2 cores (parallel_llama's 4 ranks are the slowest);
+#: this bounds a hung cell or job
 CELL_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 240
 
 
 def test_the_notebooks_are_collected() -> None:
     # A rename must not silently drop a notebook from CI.
-    assert {"quickstart.ipynb", "resilience.ipynb", "sdk_from_script.ipynb"} <= set(NOTEBOOKS)
+    expected = {
+        "parallel_llama.ipynb",
+        "quickstart.ipynb",
+        "resilience.ipynb",
+        "sdk_from_script.ipynb",
+    }
+    assert expected <= set(NOTEBOOKS)
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
