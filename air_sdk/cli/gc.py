@@ -3,6 +3,7 @@
     air gc --dry-run             # what would go, and the bytes that would be freed
     air gc                       # what the gateway's retention would delete, now
     air gc --older-than 0        # the files of every ended job
+    air gc --include-checkpoints # and the checkpoints under them (kept by default)
 
 The gateway decides and deletes (`POST /v1/admin/gc`; an admin token of the system
 tenant, as the embedded gateway's is). Records, events, logs and metrics stay.
@@ -72,6 +73,14 @@ def gc(
             show_default=False,
         ),
     ] = None,
+    include_checkpoints: Annotated[
+        bool,
+        typer.Option(
+            "--include-checkpoints",
+            help="Also delete the checkpoints kept under those jobs (kept by default:"
+            " `air checkpoints export` reads them).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
     gateway: GatewayOption = None,
 ) -> None:
@@ -79,7 +88,9 @@ def gc(
     from air_sdk.cli.main import make_client
 
     seconds = None if older_than is None else parse_duration(older_than)
-    report = make_client(gateway).admin.collect_garbage(dry_run=dry_run, older_than_s=seconds)
+    report = make_client(gateway).admin.collect_garbage(
+        dry_run=dry_run, older_than_s=seconds, include_checkpoints=include_checkpoints
+    )
     if as_json:
         echo_json(report.model_dump(mode="json"))
         return

@@ -75,15 +75,22 @@ class Admin:
         return parse_model(NodeHealth, self._http.request("POST", path))
 
     def collect_garbage(
-        self, *, dry_run: bool = False, older_than_s: float | None = None
+        self,
+        *,
+        dry_run: bool = False,
+        older_than_s: float | None = None,
+        include_checkpoints: bool = False,
     ) -> GcReport:
         """Delete the files of ended jobs (those the gateway's retention selects, or that
         ended more than `older_than_s` ago) and unpacked bundles no job uses; with
-        `dry_run`, only say what would go (system admin only).
+        `dry_run`, only say what would go (system admin only). Checkpoints under a job's
+        directory stay unless `include_checkpoints`.
 
         Example:
             >>> Client().admin.collect_garbage(dry_run=True).bytes_freed  # doctest: +SKIP
             419430400
         """
-        body = GcRequest(dry_run=dry_run, older_than_s=older_than_s).model_dump()
+        body = GcRequest(
+            dry_run=dry_run, older_than_s=older_than_s, include_checkpoints=include_checkpoints
+        ).model_dump()
         return parse_model(GcReport, self._http.request("POST", "/v1/admin/gc", json=body))

@@ -31,4 +31,8 @@ async def collect_garbage(request: Request, ctx: CtxDep, _: SystemAdminDep) -> G
 
 def _collect_garbage(ctx: GatewayContext, raw: bytes, content_type: str | None) -> GcReport:
     body = parse_model(GcRequest, raw, content_type)
-    return ctx.runner.collect_garbage(dry_run=body.dry_run, older_than_s=body.older_than_s)
+    return ctx.runner.collect_garbage(
+        dry_run=body.dry_run,
+        older_than_s=body.older_than_s,
+        include_checkpoints=body.include_checkpoints,
+    )

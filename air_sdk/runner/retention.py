@@ -152,8 +152,10 @@ CHECKPOINTS_DIR = "checkpoints"
 
 
 def _going(path: Path, include_checkpoints: bool) -> list[Path]:
-    """What of a job's directory goes: all of it, or all but its checkpoints."""
-    if include_checkpoints:
+    """What of a job's directory goes: all of it, or all but its checkpoints (all of it
+    when it holds no checkpoint)."""
+    kept = path / CHECKPOINTS_DIR
+    if include_checkpoints or not (kept.is_dir() and any(kept.iterdir())):
         return [path]
     return sorted(p for p in path.iterdir() if p.name != CHECKPOINTS_DIR)
 

@@ -162,14 +162,21 @@ class Runner:
     # -- loop ----------------------------------------------------------------------------
 
     def collect_garbage(
-        self, *, dry_run: bool = False, older_than_s: float | None = None
+        self,
+        *,
+        dry_run: bool = False,
+        older_than_s: float | None = None,
+        include_checkpoints: bool = False,
     ) -> GcReport:
         """The files of ended jobs the retention policy selects (or, with `older_than_s`,
         those that ended longer ago than that), and unpacked bundles no job uses: gone,
-        or in a dry run counted."""
+        or in a dry run counted. Checkpoints under a job stay unless the policy or
+        `include_checkpoints` says they go."""
         policy = self.retention
         if older_than_s is not None:
             policy = dataclasses.replace(policy, max_age_s=older_than_s)
+        if include_checkpoints:
+            policy = dataclasses.replace(policy, include_checkpoints=True)
         return collect_garbage(
             self.store, self.home / "jobs", self.code_cache, policy, dry_run=dry_run
         )

@@ -27,6 +27,11 @@ class GcRequest(_Wire):
         description="Ended jobs whose files go: those that ended longer ago than this;"
         " None: the gateway's retention (--job-files-max-age-days).",
     )
+    include_checkpoints: bool = Field(
+        False,
+        description="Also delete the checkpoints kept under those jobs' directories"
+        " (kept by default: `air checkpoints export` reads them).",
+    )
 
 
 class GcJob(_Wire):

@@ -176,9 +176,19 @@ def test_two_jobs_of_one_workdir_share_its_bytes_and_gc_frees_them(gateway, work
     for job_id in ids:
         assert f"would delete the files of {job_id}" in dry.stdout
     assert "would free" in dry.stdout and (home / "jobs" / ids[0]).is_dir()
+    # a committed checkpoint under a job is the user's work: it stays unless named
+    kept = home / "jobs" / ids[1] / "checkpoints" / "step-1"
+    kept.mkdir(parents=True)
+    (kept / "model.pt").write_bytes(b"weights")
     freed = air(gateway, "gc", "--older-than", "0")
     assert freed.returncode == 0, freed.stdout + freed.stderr
-    assert not (home / "jobs" / ids[0]).exists() and not (home / "jobs" / ids[1]).exists()
+    assert not (home / "jobs" / ids[0]).exists()
+    assert not (home / "jobs" / ids[1] / "code").exists()
+    assert (kept / "model.pt").read_bytes() == b"weights"
+    again = air(gateway, "gc", "--older-than", "0", "--include-checkpoints")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"deleted the files of {ids[1]}" in again.stdout
+    assert not (home / "jobs" / ids[1]).exists()
     logs = air(gateway, "logs", ids[0])  # the job's record and logs outlive its files
     assert "[rank 0] rank 0 trained 1 steps" in logs.stdout
 
