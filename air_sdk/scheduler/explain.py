@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from air_sdk.scheduler.gang import JobRequest
 
 if TYPE_CHECKING:
-    from air_sdk.scheduler.decide import PartitionCycle
+    from air_sdk.scheduler.waits import PartitionCycle
 
 
 _job_id = operator.attrgetter("job_id")
