@@ -248,8 +248,8 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "runner: other controller/scheduler work",
         ("JobController.step", "Runner._loop", "Runner._run_controller"),
     ),
-    ("store: append transaction (INSERTs + COMMIT)", ("SqliteStore.append_worker_events",)),
-    ("store: worker token check (SELECT)", ("SqliteStore.check_worker_token",)),
+    ("store: append transaction (INSERTs + COMMIT)", ("EventLog.append_worker_events",)),
+    ("store: worker token check (SELECT)", ("AttemptStore.check_worker_token",)),
     ("pydantic: WorkerReport.model_validate_json", ("BaseModel.model_validate_json",)),
     ("pydantic: model_dump_json of points/lines", ("BaseModel.model_dump_json",)),
     (

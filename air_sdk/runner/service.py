@@ -30,8 +30,7 @@ from air_sdk.scheduler import (
     fits_ever,
 )
 from air_sdk.schema import Alert, FailureInfo, GcReport, JobRecord, JobSpec, JobState, Placement
-from air_sdk.store import SqliteStore
-from air_sdk.store.sqlite import ACTIVE_STATES
+from air_sdk.store import ACTIVE_STATES, SqliteStore
 
 log = logging.getLogger(__name__)
 

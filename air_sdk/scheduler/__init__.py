@@ -7,7 +7,8 @@ gang baseline. `air_sdk.scheduler.sim` replays traces through either.
 """
 
 from air_sdk.scheduler.config import ClusterConfig, load_cluster_config, parse_cluster_config
-from air_sdk.scheduler.decide import Decision, Preemption, Reservation, SchedulerState, decide
+from air_sdk.scheduler.decide import SchedulerState, decide
+from air_sdk.scheduler.decision import Decision, Preemption, Reservation
 from air_sdk.scheduler.gang import (
     ANY_POOL,
     MACHINE_CORES_LABEL,

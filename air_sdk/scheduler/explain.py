@@ -16,7 +16,7 @@ from air_sdk.scheduler.gang import JobRequest
 from air_sdk.text import plural
 
 if TYPE_CHECKING:
-    from air_sdk.scheduler.decide import PartitionCycle
+    from air_sdk.scheduler.waits import PartitionCycle
 
 
 _job_id = operator.attrgetter("job_id")

@@ -16,7 +16,7 @@ from air_sdk.redact import (
     redact_env,
     secret_values,
 )
-from air_sdk.store.sqlite import new_token
+from air_sdk.store.auth import new_token
 
 #: names every part of AIR must treat as secret: the union of the three lists AIR had
 #: before issue 15 (the store's, the notebook capture's and the renderer's)
@@ -62,7 +62,7 @@ def test_every_part_of_air_follows_the_one_rule(name, monkeypatch, tmp_path):
     # the store keeps a secret value out of its database
     store = SqliteStore(tmp_path / "air.db")
     job, _ = store.create_job(spec, tenant="default")
-    stored = store._read("SELECT spec FROM jobs WHERE id = ?", (job.id,))[0]["spec"]
+    stored = store._db.read("SELECT spec FROM jobs WHERE id = ?", (job.id,))[0]["spec"]
     assert (value not in stored) is secret
     assert store.get_job(job.id).spec.env[name] == value  # the runner still gets it
     # the renderer moves it into the Kubernetes Secret

@@ -26,14 +26,26 @@ def test_dry_run_says_what_would_go_and_how_much(gateway: FakeGateway) -> None:
         "would delete 1 unpacked bundle no job uses",
         "would free 403.0 MiB; ended jobs' files left: 12.0 MiB",
     ]
-    assert gateway.gc_requests == [{"dry_run": True, "older_than_s": None}]
+    assert gateway.gc_requests == [
+        {"dry_run": True, "older_than_s": None, "include_checkpoints": False}
+    ]
 
 
 def test_older_than_reaches_the_gateway_in_seconds(gateway: FakeGateway) -> None:
     result = invoke("gc", "--older-than", "12h")
     assert result.exit_code == 0, result.output
-    assert gateway.gc_requests == [{"dry_run": False, "older_than_s": 43200.0}]
+    assert gateway.gc_requests == [
+        {"dry_run": False, "older_than_s": 43200.0, "include_checkpoints": False}
+    ]
     assert result.stdout == ("nothing to free; ended jobs' files take 0 bytes\n")
+
+
+def test_include_checkpoints_reaches_the_gateway(gateway: FakeGateway) -> None:
+    result = invoke("gc", "--include-checkpoints", "--older-than", "0")
+    assert result.exit_code == 0, result.output
+    assert gateway.gc_requests == [
+        {"dry_run": False, "older_than_s": 0.0, "include_checkpoints": True}
+    ]
 
 
 def test_nothing_to_free_says_how_to_free_more(gateway: FakeGateway) -> None:

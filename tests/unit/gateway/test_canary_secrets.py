@@ -13,7 +13,7 @@ from gatewaytest import app_routes
 
 from air_sdk.redact import TOKEN_PATTERN
 from air_sdk.schema import FailureInfo, JobState
-from air_sdk.store.sqlite import ACTIVE_STATES
+from air_sdk.store import ACTIVE_STATES
 
 
 @pytest.fixture
@@ -181,11 +181,11 @@ def test_a_late_report_after_the_job_ended_is_still_scrubbed(tenancy, canary):
 
 
 def test_a_report_after_the_grace_is_refused(tenancy, canary, monkeypatch):
-    import air_sdk.store.sqlite as sqlite_store
+    import air_sdk.store.attempts as attempts
 
     job_id, attempt, worker_token = _ended_job_with_a_secret(tenancy, canary)
-    later = sqlite_store.time.time() + sqlite_store.ENDED_GRACE_S + 1
-    monkeypatch.setattr(sqlite_store.time, "time", lambda: later)
+    later = attempts.time.time() + attempts.ENDED_GRACE_S + 1
+    monkeypatch.setattr(attempts.time, "time", lambda: later)
     worker = tenancy.client(Authorization=f"Bearer {worker_token}")
     r = worker.post(
         f"/v1/jobs/{job_id}/attempts/{attempt}/report",

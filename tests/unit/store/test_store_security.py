@@ -66,7 +66,7 @@ def _log_report(i: int, line_chars: int = 100_000) -> list:
 
 
 def _stored(store, job_id, etype) -> tuple[int, list]:
-    rows = store._read(
+    rows = store._db.read(
         "SELECT seq, length(CAST(data AS BLOB)) AS n FROM events WHERE job_id = ? AND type = ?"
         " ORDER BY seq",
         (job_id, etype.value),

@@ -1,0 +1,230 @@
+"""Each job's append-only event log, and the worker reports that feed it.
+
+Sequence numbers come from `jobs.last_seq`, raised by the statement that inserts
+the event, in the same transaction: they start at 1 and have no gaps (but where a
+quota trimmed the oldest logs or metrics, `air_sdk.store.quota`). What is written is
+scrubbed of the job's secret env values first. A worker report's events and its
+rank's heartbeat are written in one transaction.
+
+Example:
+    >>> from air_sdk.schema import JobSpec
+    >>> from air_sdk.store import SqliteStore
+    >>> store = SqliteStore(":memory:")
+    >>> job, _ = store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
+    >>> [e.type.value for e in store.read_events(job.id)]
+    ['state']
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+from air_sdk.redact import Redactor, secret_values
+from air_sdk.schema import Event, EventPayload, EventType, FailureInfo
+from air_sdk.schema.events import event_type_of
+from air_sdk.store.database import Database
+from air_sdk.store.quota import COUNTED, QuotaKeeper, utf8_len
+from air_sdk.store.secret_env import SecretEnvStore
+
+__all__ = ["EventLog"]
+
+
+class EventLog:
+    """Appends to and reads the event log; keeps the rank heartbeats of worker reports.
+
+    `append` is for the other parts of the store, inside their own transaction (a
+    state change and its event commit together)."""
+
+    def __init__(self, db: Database, secrets: SecretEnvStore, quota: QuotaKeeper) -> None:
+        self._db = db
+        self._secrets = secrets
+        self._quota = quota
+        # Latest seq per job, so waiters poll memory, not SQL.
+        self._last_seq: dict[str, int] = {}
+
+    # ---- writing ------------------------------------------------------------------------
+
+    def append(
+        self,
+        c: sqlite3.Connection,
+        job_id: str,
+        payload: EventPayload,
+        *,
+        attempt: int | None = None,
+        rank: int | None = None,
+    ) -> int:
+        """Append one event inside the caller's transaction `c` (from `Database.tx`),
+        scrubbed of the job's secrets; returns its seq."""
+        seq = c.execute(
+            "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", (job_id,)
+        ).fetchone()[0]
+        data = self.job_redactor(job_id).value(payload.model_dump(mode="json"))
+        c.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                seq,
+                time.time(),
+                event_type_of(payload).value,
+                attempt,
+                rank,
+                json.dumps(data),
+            ),
+        )
+        self._last_seq[job_id] = seq
+        return seq
+
+    def append_event(
+        self,
+        job_id: str,
+        payload: EventPayload,
+        *,
+        attempt: int | None = None,
+        rank: int | None = None,
+    ) -> int:
+        """Append one event (its type follows from the payload's model); returns its seq.
+
+        Example:
+            >>> from air_sdk.schema import Alert, JobSpec
+            >>> from air_sdk.store import SqliteStore
+            >>> store = SqliteStore(":memory:")
+            >>> job, _ = store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
+            >>> store.append_event(job.id, Alert(kind="straggler", rank=3), rank=3)
+            2
+        """
+        with self._db.tx() as c:
+            return self.append(c, job_id, payload, attempt=attempt, rank=rank)
+
+    def append_worker_events(
+        self,
+        job_id: str,
+        attempt: int,
+        rank: int,
+        items: list[EventPayload],
+        heartbeat_step: int | None,
+        *,
+        progress: bool = False,
+    ) -> None:
+        """Append a worker report's events (`WorkerReport.payloads()`, already redacted)
+        and note the heartbeat, in one transaction. `progress`
+        marks a report from the training loop itself (air.log / air.heartbeat), as
+        opposed to its supervisor's output lines or device samples: only those count
+        against hangs."""
+        now = time.time()
+        with self._db.tx() as c:
+            for payload in items:
+                etype = event_type_of(payload)
+                data_json = payload.model_dump_json()
+                column = COUNTED.get(etype)
+                if column is None:
+                    seq = c.execute(
+                        "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq",
+                        (job_id,),
+                    ).fetchone()[0]
+                else:  # the same statement keeps the job's byte count for its quota
+                    seq, used = c.execute(
+                        f"UPDATE jobs SET last_seq = last_seq + 1, {column} = {column} + ?"
+                        f" WHERE id = ? RETURNING last_seq, {column}",
+                        (utf8_len(data_json), job_id),
+                    ).fetchone()
+                c.execute(
+                    "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        job_id,
+                        seq,
+                        now,
+                        etype.value,
+                        attempt,
+                        rank,
+                        data_json,
+                    ),
+                )
+                self._last_seq[job_id] = seq
+                if column is not None:
+                    alert = self._quota.check(c, job_id, etype, used)
+                    if alert is not None:
+                        self.append(c, job_id, alert, attempt=attempt)
+            c.execute(
+                "INSERT INTO heartbeats VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
+                " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts,"
+                " progress_ts = COALESCE(excluded.progress_ts, progress_ts)",
+                (job_id, attempt, rank, heartbeat_step, now, now if progress else None),
+            )
+
+    # ---- scrubbing ----------------------------------------------------------------------
+
+    def job_redactor(self, job_id: str, extra: tuple[str, ...] = ()) -> Redactor:
+        """Scrubs `job_id`'s secret env values, `extra` values and any AIR token from text."""
+        return Redactor([*secret_values(self._secrets.to_scrub(job_id)), *extra])
+
+    def scrub_failure(self, job_id: str, failure: FailureInfo) -> FailureInfo:
+        """`failure` without the job's secrets: its log tails and stacks come from the
+        job's own output."""
+        data = self.job_redactor(job_id).value(failure.model_dump(mode="json"))
+        return FailureInfo.model_validate(data)
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def last_seq(self, job_id: str) -> int:
+        seq = self._last_seq.get(job_id)
+        if seq is None:
+            rows = self._db.read("SELECT last_seq FROM jobs WHERE id = ?", (job_id,))
+            seq = rows[0][0] if rows else 0
+            self._last_seq[job_id] = seq
+        return seq
+
+    def read_events(
+        self,
+        job_id: str,
+        *,
+        after: int = 0,
+        limit: int = 1000,
+        types: tuple[EventType, ...] | None = None,
+        rank: int | None = None,
+        attempt: int | None = None,
+        newest_first: bool = False,
+        before: int | None = None,
+    ) -> list[Event]:
+        # With a type filter, SQLite's planner still picks the primary key and scans
+        # every metrics row of the job (92% of a core at 3M points, measured); the
+        # (job_id, type, seq) index makes it a range read.
+        table = "events INDEXED BY events_type" if types else "events"
+        sql, args = f"SELECT * FROM {table} WHERE job_id = ? AND seq > ?", [job_id, after]
+        if types:
+            sql += f" AND type IN ({','.join('?' * len(types))})"
+            args.extend(t.value for t in types)
+        if rank is not None:
+            sql += " AND rank = ?"
+            args.append(rank)
+        if attempt is not None:
+            sql += " AND attempt = ?"
+            args.append(attempt)
+        if before is not None:
+            sql += " AND seq < ?"
+            args.append(before)
+        sql += f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?"
+        args.append(limit)
+        return [
+            Event(
+                seq=r["seq"],
+                job_id=r["job_id"],
+                ts=r["ts"],
+                type=EventType(r["type"]),
+                attempt=r["attempt"],
+                rank=r["rank"],
+                data=json.loads(r["data"]),
+            )
+            for r in self._db.read(sql, tuple(args))
+        ]
+
+    def heartbeats(
+        self, job_id: str, attempt: int
+    ) -> dict[int, tuple[int | None, float, float | None]]:
+        """rank -> (last step, last report time, last progress time or None)."""
+        rows = self._db.read(
+            "SELECT rank, step, ts, progress_ts FROM heartbeats WHERE job_id = ? AND attempt = ?",
+            (job_id, attempt),
+        )
+        return {r["rank"]: (r["step"], r["ts"], r["progress_ts"]) for r in rows}
