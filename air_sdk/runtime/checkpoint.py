@@ -106,6 +106,7 @@ from air_sdk.runtime._manifest import (
 from air_sdk.runtime._poster import warn
 from air_sdk.runtime._shipper import keep_alive
 from air_sdk.runtime._storage import CheckpointStorage, storage_for
+from air_sdk.schema.worker_env import WorkerEnv
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -294,11 +295,12 @@ class Checkpointer:
         on_failure: bool | None = None,
     ) -> None:
         if keep is None:
-            raw = os.environ.get("AIR_CHECKPOINT_KEEP", "").strip()
+            name = WorkerEnv.env_name("checkpoint_keep")
+            raw = os.environ.get(name, "").strip()
             try:
                 keep = int(raw) if raw else DEFAULT_KEEP
             except ValueError:
-                raise ValueError(f"AIR_CHECKPOINT_KEEP={raw!r} is not an integer") from None
+                raise ValueError(f"{name}={raw!r} is not an integer") from None
         if keep < 1:
             raise ValueError(
                 f"keep must be >= 1 (the newest checkpoint is always kept), got {keep}"

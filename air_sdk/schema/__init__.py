@@ -55,6 +55,7 @@ from air_sdk.schema.spec import (
     Resources,
 )
 from air_sdk.schema.state import TERMINAL_STATES, JobState
+from air_sdk.schema.worker_env import WorkerEnv
 
 __all__ = [
     "API_VERSION",
@@ -104,5 +105,6 @@ __all__ = [
     "TokenCreated",
     "TokenInfo",
     "TokenList",
+    "WorkerEnv",
     "WorkerReport",
 ]

@@ -7,22 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from air_sdk.schema.worker_env import AIR_ENV_PREFIX, RESERVED_ENV, WorkerEnv
+
 API_VERSION = "air/v1"
 
-#: Env names the runtime owns; a user may not set them.
-RESERVED_ENV = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RESTART_COUNT",
-        "CUDA_VISIBLE_DEVICES",
-    }
-)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -76,7 +64,7 @@ class Resources(_Frozen):
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 #: The env var that carries the resolved layout to every rank (JSON of `Parallelism`).
-PARALLELISM_ENV = "AIR_PARALLELISM"
+PARALLELISM_ENV = WorkerEnv.env_name("parallelism")
 
 
 class Parallelism(_Frozen):
@@ -300,7 +288,7 @@ class JobSpec(_Frozen):
         for k, val in v.items():
             if not _ENV_NAME.match(k):
                 raise ValueError(f"env name {k!r} is not a valid variable name")
-            if k in RESERVED_ENV or k.startswith("AIR_"):
+            if k in RESERVED_ENV or k.startswith(AIR_ENV_PREFIX):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
                 raise ValueError(f"env {k} is over {MAX_ARG_CHARS} characters or holds a NUL")
