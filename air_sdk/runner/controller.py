@@ -17,6 +17,7 @@ from pathlib import Path
 
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
+from air_sdk.runner.node.plan import attempt_worker
 from air_sdk.runner.policy import (
     FailureAction,
     HangPolicy,
@@ -26,7 +27,6 @@ from air_sdk.runner.policy import (
     diagnose,
 )
 from air_sdk.schema import (
-    PARALLELISM_ENV,
     EventType,
     FailureInfo,
     JobRecord,
@@ -281,18 +281,14 @@ class JobController:
         self.attempt, token = self.store.start_attempt(self.job_id, self.placement)
         self._progress = {}
         self._reported_stragglers = set()
-        env = {
-            "AIR_JOB_ID": self.job_id,
-            "AIR_ATTEMPT": str(self.attempt),
-            "AIR_GATEWAY_URL": self.gateway_url,
-            "AIR_JOB_TOKEN": token,
-            "AIR_CHECKPOINT_DIR": self.spec.checkpoint.dir or str(self.paths.checkpoints),
-            "AIR_CHECKPOINT_KEEP": str(self.spec.checkpoint.keep),
-            # validated at submit: the resolved mesh sizes, so no rank repeats the arithmetic
-            PARALLELISM_ENV: self.spec.parallelism.resolve(
-                self.spec.resources.world_size
-            ).model_dump_json(),
-        }
+        worker = attempt_worker(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            spec=self.spec,
+            gateway_url=self.gateway_url,
+            job_token=token,
+            checkpoint_dir=self.spec.checkpoint.dir or str(self.paths.checkpoints),
+        )
         request = LaunchRequest(
             job_id=self.job_id,
             attempt=self.attempt,
@@ -301,7 +297,7 @@ class JobController:
             code_dir=self.paths.code,
             attempt_dir=self.paths.attempt(self.attempt),
             entrypoint=entrypoint,
-            env=env,
+            worker=worker,
         )
         self.attempt_started = time.monotonic()
         self._move(

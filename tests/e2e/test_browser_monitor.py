@@ -20,12 +20,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from airtest import no_processes_left, wait_for
+from airtest import job_processes, no_processes_left, wait_for
 from notebook_env import REPO, IsolatedEnv
 
 from air_sdk.client import Client
 from air_sdk.gateway.server import running_gateway
-from air_sdk.runner.backends.local import job_processes
 
 pytestmark = pytest.mark.slow
 
