@@ -151,9 +151,7 @@ def _reached_child_directly(info: Any) -> bool:
         return True
     # A torchelastic agent starts each worker in a new session and stops it with killpg.
     return (
-        _run_id_name() in os.environ
-        and info.si_pid == os.getppid()
-        and os.getpgrp() == os.getpid()
+        _run_id_name() in os.environ and info.si_pid == os.getppid() and os.getpgrp() == os.getpid()
     )
 
 
