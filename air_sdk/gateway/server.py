@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
 import requests
 
 from air_sdk.config import DEFAULT_PORT, air_home, write_client_config
 from air_sdk.errors import AirError
 from air_sdk.gateway.options import RequestLimits, SecurityOptions, check_bind, is_loopback
+from air_sdk.runner.node import _procs
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -196,7 +196,7 @@ def serve(opts: GatewayOptions) -> None:
     app, token = build(opts)
     if opts.write_client_config:
         write_client_config(opts.url, token)
-    state = {"pid": os.getpid(), "url": opts.url}
+    state = {"pid": os.getpid(), "url": opts.url, "started": _procs.create_time(os.getpid())}
     state_path = opts.home / STATE_FILE
     state_path.write_text(json.dumps(state))
     print(f"AIR gateway on {opts.url} (home {opts.home}); Ctrl-C stops it", flush=True)
@@ -226,17 +226,17 @@ def serve(opts: GatewayOptions) -> None:
             pass
 
 
-def _alive(pid: int) -> bool:
-    """True while `pid` runs; reaps it when it is our own exited child (a zombie)."""
+def _alive(pid: int, started: float | None = None) -> bool:
+    """True while `pid` runs and (with `started`) is the process that started then;
+    reaps it when it is our own exited child. A zombie, or a process still being torn
+    down after a SIGKILL (it shows as running for a while), is not alive: a gateway
+    restarted right after killing the old one must not be refused."""
     try:
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
     except ChildProcessError:
         pass  # not our child: ask the kernel below
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return _procs.alive(pid, started)
 
 
 def running_gateway(home: Path) -> GatewayProcess | None:
@@ -244,9 +244,10 @@ def running_gateway(home: Path) -> GatewayProcess | None:
     try:
         state = json.loads((home / STATE_FILE).read_text())
         pid, url = int(state["pid"]), str(state["url"])
-    except (OSError, ValueError, KeyError):
+        started = float(state["started"]) if state.get("started") is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not _alive(pid):
+    if not _alive(pid, started):
         return None
     token = (home / TOKEN_FILE).read_text().strip() if (home / TOKEN_FILE).exists() else ""
     return GatewayProcess(pid=pid, url=url, token=token, log_path=home / LOG_FILE)

@@ -89,12 +89,12 @@ def test_the_job_token_stays_out_of_the_repr():
 
 def test_a_job_may_not_set_what_air_sets_but_may_set_the_defaults():
     assert {"RANK", "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT", "PWD"} <= RESERVED_ENV
-    assert DEFAULTED_ENV == {
+    assert {
         "OMP_NUM_THREADS",
         "PYTHONUNBUFFERED",
         "GLOO_SOCKET_IFNAME",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    }
+    } == DEFAULTED_ENV
     assert not DEFAULTED_ENV & RESERVED_ENV
 
 
