@@ -23,12 +23,14 @@ It knows pids it started, never scans the host.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
 import select
 import signal
 import subprocess
+import termios
 import threading
 import time
 from collections import deque
@@ -468,30 +470,53 @@ class NodeRunner:
 
         launch = self._launch
         assert launch is not None and r.returncode is not None
-        if r.pump is not None:
-            r.pump.join(DRAIN_AFTER_EXIT_S)
+        self._drain(r)
         with r.tail_lock:
             tail = list(r.tail)
         ended = rank_exit(r.rank, r.returncode, tail, r.oom_before, launch.node)
         ended = ended.model_copy(update={"ended_at": r.ended_at})
         write_exit_record(ended, launch.attempt_dir)  # first: the runner reads it at once
-        r.recorded.set()
+        with self._changed:  # only now does the node's verdict count this rank
+            r.recorded.set()
+            self._changed.notify_all()
         self._on_change()
         if r.reporter is not None:
             r.reporter.finish(ended)
 
+    @staticmethod
+    def _drain(r: _Rank) -> None:
+        """Wait until the pump has read what the rank wrote before it ended: its EOF, or
+        (a child of the rank may hold the pipe open) an empty pipe; at most
+        DRAIN_AFTER_EXIT_S. The exit record then holds the last lines, a traceback's too."""
+        pump, stream = r.pump, r.proc.stdout if r.proc is not None else None
+        if pump is None or stream is None:
+            return
+        deadline = time.monotonic() + DRAIN_AFTER_EXIT_S
+        while pump.is_alive() and time.monotonic() < deadline:
+            try:
+                pending = int.from_bytes(
+                    fcntl.ioctl(stream.fileno(), termios.FIONREAD, b"\0\0\0\0"), "little"
+                )
+            except (OSError, ValueError):
+                pending = 1  # cannot tell: wait for the EOF
+            pump.join(0.05)  # the pump turns what it read into lines meanwhile
+            if pending == 0:
+                return
+
     def _verdict(self) -> tuple[int, str] | None:
+        # a rank counts once its exit record is written: a runner that reads the
+        # verdict finds the record of the rank it names
         failed = sorted(
             (r.ended_at or 0.0, r.rank, r.returncode)
             for r in self._ranks
-            if r.returncode not in (None, 0)
+            if r.returncode not in (None, 0) and r.recorded.is_set()
         )
         if failed:
             _, rank, code = failed[0]
             assert code is not None
             status = 128 - code if code < 0 else code
             return status, f"rank {rank} {_describe(status)}"
-        if self._ranks and all(r.returncode == 0 for r in self._ranks):
+        if self._ranks and all(r.returncode == 0 and r.recorded.is_set() for r in self._ranks):
             return 0, "every rank exited 0"
         if self._stopping and not self._ranks:
             return 143, "stopped before its ranks started"
