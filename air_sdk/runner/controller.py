@@ -178,6 +178,7 @@ class JobController:
         assert job is not None
         if job.state.terminal:  # ended elsewhere (e.g. an admin); make sure nothing runs
             self._teardown()
+            self._release_backend()
             self.state = job.state
             return previous, self.state
         if job.cancel_requested:
@@ -239,14 +240,18 @@ class JobController:
         charged: bool = True,
     ) -> None:
         if state.terminal or state is JobState.QUEUED:
-            # A backend may keep a stopped attempt's resources for a relaunch on the same
-            # nodes (Ray keeps its actors and placement group): none comes now, and the
-            # new state must not be seen while they still hold the nodes.
-            release = getattr(self.backend, "release", None)
-            if release is not None:
-                release(self.job_id)
+            self._release_backend()
         self.store.transition(self.job_id, state, reason, failure=failure, charged=charged)
         self.state = state
+
+    def _release_backend(self) -> None:
+        """A backend may keep a stopped attempt's resources for a relaunch on the same
+        nodes (Ray keeps its actors and placement group, the local backend its
+        NodeRunners with their warm interpreters): none comes now, and the next state
+        must not be seen while they still hold the nodes."""
+        release = getattr(self.backend, "release", None)
+        if release is not None:
+            release(self.job_id)
 
     def _cancel(self) -> None:
         self._teardown()

@@ -190,7 +190,7 @@ def gateway_unreachable(
     loopback gateway URL only works for nodes on the gateway's own machine.
 
     Example:
-        >>> gateway_unreachable("http://127.0.0.1:8470", ["10.0.0.5"], ["127.0.0.1", "10.0.0.2"])[:40]
+        >>> gateway_unreachable("http://127.0.0.1:8470", ["10.0.0.5"], ["127.0.0.1", "10.0.0.2"])[:39]
         'ranks on 10.0.0.5 cannot reach the gate'
         >>> gateway_unreachable("https://air.example.com", ["10.0.0.5"], ["10.0.0.2"]) is None
         True

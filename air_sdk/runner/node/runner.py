@@ -61,6 +61,7 @@ _TICK_S = 0.25
 
 @dataclass
 class _Rank:
+    node: NodeLaunch
     launch: RankLaunch
     #: None when it could not be started (it counts as exited with code 127)
     proc: subprocess.Popen[bytes] | None
@@ -305,7 +306,7 @@ class NodeRunner:
                 except OSError as exc:
                     error = f"air: could not start rank {rank.rank}: {exc}"
             created = _procs.create_time(proc.pid) if proc is not None else None
-            r = _Rank(rank, proc, warm, created, None)
+            r = _Rank(launch, rank, proc, warm, created, None)
             if error is not None:  # reported like any rank that failed at once
                 r.tail.append(error)
                 r.returncode, r.ended_at = 127, time.time()
@@ -468,8 +469,8 @@ class NodeRunner:
     def _finish(self, r: _Rank) -> None:
         from air_sdk.runtime.supervise import rank_exit, write_exit_record
 
-        launch = self._launch
-        assert launch is not None and r.returncode is not None
+        launch = r.node  # its own attempt's, even if the next one started meanwhile
+        assert r.returncode is not None
         self._drain(r)
         with r.tail_lock:
             tail = list(r.tail)
