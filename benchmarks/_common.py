@@ -150,6 +150,15 @@ def air_gateway(
     try:
         yield client, gw, home
     finally:
+        # A stopped gateway leaves its jobs running (the next one re-attaches): cancel
+        # what a failed run left, so nothing of it outlives the benchmark.
+        try:
+            for record in client.jobs(limit=1000):
+                if not record.state.terminal:
+                    client.job(record.id).cancel()
+                    client.job(record.id).wait(timeout=60)
+        except Exception as exc:
+            print(f"warning: could not cancel the benchmark's jobs: {exc}", flush=True)
         client.close()
         stop_detached(home)
         if own_home:

@@ -234,6 +234,16 @@ def newest_commit(directory: Path) -> int | None:
     return max(steps) if steps else None
 
 
+def step_of(job: Any, plain: bool) -> int:
+    """The job's step: its metrics (air.log), or rank 0's STEP lines (the plain script)."""
+    if not plain:
+        return job.snapshot().step or 0
+    for line in reversed(job.logs(rank=0, attempt=1, tail=5)):
+        if line.text.startswith("STEP "):
+            return int(line.text.split()[1])
+    return 0
+
+
 def run_air(
     client, src: Path, home: Path, gateway_pid: int | None, warm: bool, plain: bool
 ) -> dict:
@@ -255,10 +265,10 @@ def run_air(
     ckpt = own_ckpt or home / "jobs" / job.id / "checkpoints"
     # the script's checkpoint dir arg: AIR sets AIR_CHECKPOINT_DIR; "CKPT" means use it
     deadline = time.time() + 120
-    while (job.snapshot().step or 0) < KILL_AT_STEP:
+    while step_of(job, plain) < KILL_AT_STEP:
         if time.time() > deadline:
             raise RuntimeError(f"AIR job never reached step {KILL_AT_STEP}: {job.record()}")
-        time.sleep(0.05)
+        time.sleep(0.05 if not plain else 0.2)
     # The next attempt's warm interpreters start once a core is idle. Kill once they
     # are ready: a failure in a job that has run a while.
     t_pool = time.time()
@@ -278,8 +288,12 @@ def run_air(
         texts = [line.text for line in job.logs(rank=0, attempt=2)]
         resumed_at = next((i for i, t in enumerate(texts) if t.startswith("RESUMED")), None)
         stepped = resumed_at is not None and any(t.startswith("STEP ") for t in texts[resumed_at:])
-        metrics = stepped and any(
-            e.type.value == "metrics" and e.attempt == 2 for e in job.events(limit=10_000).events
+        metrics = stepped and (  # the plain script logs no metrics
+            plain
+            or any(
+                e.type.value == "metrics" and e.attempt == 2
+                for e in job.events(limit=10_000).events
+            )
         )
         if metrics or job.record().state.terminal or time.time() > deadline:
             break
@@ -319,6 +333,8 @@ def run_air(
         phases["launch+rendezvous"] = running - starting
     resumed = job.attempts()[1].resumed_from_step
     lines = [line.text for line in job.logs(rank=0, attempt=2)]
+    if plain:  # its own checkpoint: the step it printed
+        resumed = next((int(t.split()[1]) for t in lines if t.startswith("RESUMED")), None)
     printed = [float(t.split()[2]) for t in lines if t.startswith("RESUMED")]
     first_printed = next((float(t.split()[2]) for t in lines if t.startswith("STEP ")), None)
     if printed and running:

@@ -175,6 +175,7 @@ class _Service:
         self._idle_since = time.monotonic()
         self.runner = NodeRunner(base_env=dict(os.environ), on_change=self._write_records)
         self._leaving = False
+        self._warm_written = 0
         self._signalled: int | None = None
         self._wake_r, wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -212,7 +213,8 @@ class _Service:
                 self.runner.stop(SIGTERM_GRACE_S)
                 self._stopped = True
                 break
-            self._write_records()  # warm interpreters get ready without telling anyone
+            if self.runner.warm_pool.num_ready() != self._warm_written:
+                self._write_records()  # warm interpreters get ready without telling anyone
         self.runner.close()
         self._write_records(final=True)
 
@@ -269,6 +271,7 @@ class _Service:
                 if record is not None:
                     runner_path.unlink(missing_ok=True)
             else:
+                self._warm_written = self.runner.warm_pool.num_ready()
                 write_json(
                     runner_path,
                     RunnerRecord(
@@ -278,7 +281,7 @@ class _Service:
                         node=self.node,
                         attempt=launch.attempt if launch else None,
                         busy=self._busy(),
-                        warm_ready=self.runner.warm_pool.num_ready(),
+                        warm_ready=self._warm_written,
                     ),
                 )
             if launch is None:
