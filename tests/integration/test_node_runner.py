@@ -238,3 +238,98 @@ def test_a_gateway_that_was_sigkilled_is_not_running(tmp_path):
     mine = {**state, "pid": os.getpid()}  # a live process, but not the one recorded
     (tmp_path / STATE_FILE).write_text(json.dumps(mine))
     assert running_gateway(tmp_path) is None
+
+
+SHOW_ITSELF = """
+import os, sys
+print("argv", sys.argv, "file", __file__, "name", __name__, flush=True)
+print("path0", sys.path[0], "cwd", os.getcwd(), "pwd", os.environ["PWD"], flush=True)
+print("main", sys.modules["__main__"].__file__, "session", os.getsid(0) == os.getpid(), flush=True)
+
+def fail():
+    raise ValueError("as python would say it")
+
+fail()
+"""
+
+
+def test_a_rank_on_a_warm_interpreter_runs_as_python_would(tmp_path):
+    """The same script, cold in attempt 1 and on a warm interpreter in attempt 2: the
+    same output, traceback and exit status (a warm interpreter here imports only json,
+    so the test does not wait for torch)."""
+    from dataclasses import replace
+
+    from air_sdk.runner.node.plan import plan_node
+    from air_sdk.runner.node.process import NodeProcess, attempt_record_path
+    from air_sdk.runner.node.records import AttemptRecord, RunnerRecord
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "show.py").write_text(textwrap.dedent(SHOW_ITSELF))
+    spec = JobSpec(entrypoint="show.py", args=["--lr", "1"])
+    job = f"nr{secrets.token_hex(4)}"
+    node_dir = tmp_path / "jobs" / job / "nodes" / "node-0"
+
+    def launch(attempt: int):
+        worker = attempt_worker(
+            job_id=job, attempt=attempt, spec=spec, gateway_url="", job_token="", checkpoint_dir=""
+        )
+        attempt_dir = tmp_path / "jobs" / job / "attempts" / str(attempt)
+        plan = plan_node(
+            worker=worker,
+            spec=spec,
+            node="node-0",
+            group_rank=0,
+            num_nodes=1,
+            entrypoint="show.py",
+            cwd=str(code),
+            attempt_dir=str(attempt_dir),
+            log_path=str(attempt_dir / "nodes" / "node-0.log"),
+            master=("127.0.0.1", free_port()),
+            cuda_visible_devices="",
+            loopback=True,
+            warm=True,
+        )
+        return replace(plan, warm_imports=["json"]), attempt_dir
+
+    def outcome(attempt_dir: Path) -> tuple[AttemptRecord, list[str]]:
+        path = attempt_record_path(attempt_dir, "node-0")
+        record = wait_for(
+            lambda: (
+                path.exists()
+                and (r := AttemptRecord.from_dict(json.loads(path.read_text()))).verdict
+                and r
+            ),
+            60,
+            "the attempt's verdict",
+        )
+        lines = (attempt_dir / "nodes" / "node-0.log").read_text().splitlines()
+        return record, [line for line in lines if line.startswith("[rank 0]")]
+
+    first, first_dir = launch(1)
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "PYTHONPATH")}
+    process = NodeProcess.start(node_dir, job, "node-0", {**env, "AIR_JOB_ID": job}, first)
+    try:
+        cold, cold_lines = outcome(first_dir)
+        wait_for(
+            lambda: (NodeProcess.read(node_dir) or RunnerRecord(0, None, "", "")).warm_ready >= 1,
+            60,
+            "a warm interpreter",
+        )
+        second, second_dir = launch(2)
+        process.send("launch", launch=second)
+        warm, warm_lines = outcome(second_dir)
+    finally:
+        process.send("exit", grace_s=0.0)
+        wait_for(lambda: not process.alive(), 30, "the NodeRunner to leave")
+    assert [r.warm for r in cold.ranks] == [False] and [r.warm for r in warm.ranks] == [True]
+    assert cold.verdict == warm.verdict == (1, "rank 0 exited with code 1")
+    assert warm_lines == cold_lines, (cold_lines, warm_lines)
+    assert (
+        f"[rank 0] argv ['show.py', '--lr', '1'] file {code / 'show.py'} name __main__"
+        in warm_lines
+    )
+    assert f"[rank 0] path0 {code} cwd {code} pwd {code}" in warm_lines
+    assert "[rank 0] Traceback (most recent call last):" in warm_lines
+    assert warm_lines[-1] == "[rank 0] ValueError: as python would say it"
+    assert not any("_boot.py" in line for line in warm_lines)
