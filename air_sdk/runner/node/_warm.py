@@ -10,8 +10,9 @@ take them over instead of starting cold.
 They are the job's own processes: started with the job's environment (less what
 changes per attempt), in the job's code directory, behind the same wrapper as its
 ranks (a sandbox, one day), children of the job's NodeRunner that die with it.
-One starts only once about a core has been idle for a moment (or after 20 s), at
-low priority and in the NodeRunner's session (with autogroup scheduling a session
+One starts only once the attempt has run 10 s (its ranks are past their start-up)
+and about a core has been idle for a moment (or 20 s later), at low priority and in
+the NodeRunner's session (with autogroup scheduling a session
 of its own would take a share of the CPU equal to a rank's), so it does not slow
 the ranks that are starting up or training. A rank whose import-shaping
 environment (`launch.import_sensitive`) differs from a warm interpreter's starts
@@ -37,7 +38,12 @@ __all__ = ["WarmPool"]
 
 log = logging.getLogger(__name__)
 
-#: start warming once about a core is idle, but never wait longer than this
+#: no warm-up in an attempt's first seconds: its ranks are starting (imports, process
+#: group, model) and one beside them slows exactly what a launch waits for (measured
+#: here, benchmarks/launch.py: 0.573x torchrun with warm-ups that could begin at once,
+#: DDP() 6.9 s; 0.659x with this delay, DDP() 3.2 s; the load differed, 7-11 vs 3-6)
+START_DELAY_S = 10.0
+#: then start warming once about a core is idle, but never wait longer than this
 SPARE_CPU_WAIT_S = 20.0
 #: how often the idle-CPU check looks
 _LOOK_S = 0.5
@@ -150,6 +156,7 @@ class WarmPool:
             w.kill()
         self._cpu.reset()
         self._waiting_since = None
+        self._next_spawn = max(self._next_spawn, time.monotonic() + START_DELAY_S)
 
     def take_and_hand_over(
         self, launch: NodeLaunch, env: dict[str, str]
