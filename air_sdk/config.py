@@ -57,7 +57,9 @@ def default_gateway_port() -> int:
     """
     from urllib.parse import urlsplit
 
-    url = os.environ.get("AIR_GATEWAY_URL")
+    from air_sdk.schema.worker_env import WorkerEnv  # the variable ranks report to, too
+
+    url = os.environ.get(WorkerEnv.env_name("gateway_url"))
     if url:
         parts = urlsplit(url)
         if parts.hostname in ("127.0.0.1", "localhost", "::1") and parts.port:

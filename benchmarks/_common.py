@@ -150,6 +150,15 @@ def air_gateway(
     try:
         yield client, gw, home
     finally:
+        # A stopped gateway leaves its jobs running (the next one re-attaches): cancel
+        # what a failed run left, so nothing of it outlives the benchmark.
+        try:
+            for record in client.jobs(limit=1000):
+                if not record.state.terminal:
+                    client.job(record.id).cancel()
+                    client.job(record.id).wait(timeout=60)
+        except Exception as exc:
+            print(f"warning: could not cancel the benchmark's jobs: {exc}", flush=True)
         client.close()
         stop_detached(home)
         if own_home:
@@ -196,3 +205,72 @@ def bench_dir(prefix: str, files: Sequence[Path] = ()) -> Path:
 
 def python() -> str:
     return sys.executable
+
+
+def before_gateway(tree: Path | str, **kwargs: Any) -> Any:
+    """`air_gateway(**kwargs)` running the AIR of another source tree (`tree`, e.g. a
+    `git archive` of an earlier commit): its gateway, launchers and ranks import
+    `air_sdk` from there (PYTHONPATH; run the benchmark from outside this checkout, or
+    the current directory's `air_sdk` wins), so before and after come from one run."""
+    return gateway_with({"PYTHONPATH": str(Path(tree).resolve())}, **kwargs)
+
+
+def leave_checkout() -> None:
+    """Run from a temporary directory: `python -m air_sdk...` started here must import
+    the installed (or PYTHONPATH's) `air_sdk`, not one in the current directory."""
+    os.chdir(tempfile.gettempdir())
+
+
+def warm_ready(home: Path, job_id: str, gateway_pid: int | None) -> int:
+    """Warm interpreters ready for `job_id`'s next attempt (its NodeRunners' records);
+    for an AIR from before NodeRunners, the gateway's ready warm agents."""
+    nodes = home / "jobs" / job_id / "nodes"
+    if nodes.is_dir():
+        ready = 0
+        for record in nodes.glob("*/runner.json"):
+            try:
+                ready += int(json.loads(record.read_text()).get("warm_ready", 0))
+            except (OSError, ValueError):
+                continue
+        return ready
+    return len(warm_agents(gateway_pid))
+
+
+def warm_agents(gateway_pid: int | None) -> set[int]:
+    """An AIR from before NodeRunners: the gateway's idle warm agents that finished
+    their imports."""
+    import psutil
+
+    if gateway_pid is None:
+        return set()
+    found = set()
+    try:
+        children = psutil.Process(gateway_pid).children()
+    except psutil.Error:
+        return found
+    for c in children:
+        try:
+            cmd = c.cmdline()
+        except psutil.Error:
+            continue
+        if "air-warm-agent" in cmd and "ready" in cmd:
+            found.add(c.pid)
+    return found
+
+
+def warm_used(
+    home: Path, job_id: str, attempt: int, agents_before: set[int], gateway_pid: Any
+) -> int:
+    """How many nodes of `attempt` started on warm processes: ranks on warm interpreters
+    (NodeRunners' records), or, before NodeRunners, warm agents taken from the pool."""
+    records = sorted((home / "jobs" / job_id / "attempts" / str(attempt) / "nodes").glob("*.json"))
+    if records:
+        used = 0
+        for record in records:
+            try:
+                ranks = json.loads(record.read_text()).get("ranks", [])
+            except (OSError, ValueError):
+                continue
+            used += bool(ranks) and all(r.get("warm") for r in ranks)
+        return used
+    return len(agents_before - warm_agents(gateway_pid))

@@ -10,14 +10,15 @@ the median step time, wall = end - start (submit or Popen to the end of the wind
 For AIR the gateway's own `job.record().goodput` is reported next to it.
 The issue's full figure is 600 s with a kill every 60 s (`--duration 600 --kill-every 60`).
 
-AIR runs as it comes (warm agents, and a surviving rank checkpoints the step a peer
-died in: docs/failure-handling.md#a-checkpoint-at-the-failure), then, unless
---no-variants, with that failure save off (`AIR_CHECKPOINT_ON_FAILURE=0`: restarts
-from the last periodic checkpoint, as torchrun does); --cold adds a run with
-`AIR_WARM_AGENTS=0` (cold agents). Each variant is a gateway started with that
-variable in its environment, which its ranks inherit. The runs are sequential (each
-needs the 2 cores to itself), so their load differs: the load average is recorded
-before and after each.
+AIR runs as it comes (warm interpreters for restarts, and a surviving rank checkpoints
+the step a peer died in: docs/failure-handling.md#a-checkpoint-at-the-failure), then,
+unless --no-variants, with that failure save off (`AIR_CHECKPOINT_ON_FAILURE=0`:
+restarts from the last periodic checkpoint, as torchrun does); --cold adds a run with
+`AIR_WARM_RANKS=0`, and --before DIR a run of the AIR of another source tree (e.g.
+`git archive` of an earlier commit). Each variant is a gateway started with that
+variable in its environment (AIR_CHECKPOINT_ON_FAILURE is one ranks get from it). The
+runs are sequential (each needs the 2 cores to itself), so their load differs: the
+load average is recorded before and after each.
 
 Usage: .venv/bin/python benchmarks/goodput.py --duration 180 --kill-every 45
 """
@@ -45,6 +46,7 @@ from _common import (  # noqa: E402
     gateway_with,
     header,
     kill_marked,
+    leave_checkout,
     markdown_table,
     median,
     write_result,
@@ -105,14 +107,16 @@ def from_lines(lines: list[str], start: float, end: float) -> dict:
     }
 
 
-def killer(marker: str, start: float, duration: float, every: float, kills: list[float]) -> None:
-    """SIGKILL rank 1 at start + every, + 2*every, ... (waiting for it to exist)."""
+def killer(
+    find: Callable[[], int | None], start: float, duration: float, every: float, kills: list[float]
+) -> None:
+    """SIGKILL rank 1 (`find()`) at start + every, + 2*every, ... (waiting for it to exist)."""
     n = 1
     while start + n * every < start + duration - 1:
         while time.time() < start + n * every:
             time.sleep(0.05)
         while time.time() < start + duration:
-            pid = rank_pid(marker, 1)
+            pid = find()
             if pid is not None:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -124,7 +128,7 @@ def killer(marker: str, start: float, duration: float, every: float, kills: list
         n += 1
 
 
-def run_air(client, src: Path, args, every: int) -> dict:
+def run_air(client, home: Path, src: Path, args, every: int) -> dict:
     from air_sdk.schema import JobSpec, Resources
 
     marker = f"air-{time.time_ns()}"
@@ -141,7 +145,13 @@ def run_air(client, src: Path, args, every: int) -> dict:
         workdir=src,
     )
     kills: list[float] = []
-    killer(marker, start, args.duration, args.kill_every, kills)
+    killer(
+        lambda: rank_pid(marker, 1, home / "jobs" / job.id),
+        start,
+        args.duration,
+        args.kill_every,
+        kills,
+    )
     while time.time() < start + args.duration:
         time.sleep(0.1)
     end = time.time()
@@ -189,7 +199,7 @@ def run_torchrun(src: Path, args, every: int) -> dict:
     for p in procs:
         threading.Thread(target=pump, args=(p,), daemon=True).start()
     kills: list[float] = []
-    killer(marker, start, args.duration, args.kill_every, kills)
+    killer(lambda: rank_pid(marker, 1), start, args.duration, args.kill_every, kills)
     while time.time() < start + args.duration:
         time.sleep(0.1)
     end = time.time()
@@ -213,8 +223,10 @@ def main() -> None:
     ap.add_argument(
         "--no-variants", action="store_true", help="skip AIR with AIR_CHECKPOINT_ON_FAILURE=0"
     )
-    ap.add_argument("--cold", action="store_true", help="add AIR with AIR_WARM_AGENTS=0")
+    ap.add_argument("--cold", action="store_true", help="add AIR with AIR_WARM_RANKS=0")
+    ap.add_argument("--before", metavar="DIR", help="add the AIR of this source tree")
     args = ap.parse_args()
+    leave_checkout()
     every = max(1, round(args.ckpt_every / args.step_s))
     src = Path(tempfile.mkdtemp(prefix="air-bench-goodput-"))
     (src / "train.py").write_text(SCRIPT)
@@ -233,11 +245,14 @@ def main() -> None:
             ("AIR, AIR_CHECKPOINT_ON_FAILURE=0", "AIR no failure save", {ENV_ON_FAILURE: "0"})
         )
     if args.cold:
-        variants.append(("AIR, AIR_WARM_AGENTS=0", "AIR cold", {"AIR_WARM_AGENTS": "0"}))
+        variants.append(("AIR, AIR_WARM_RANKS=0", "AIR cold", {"AIR_WARM_RANKS": "0"}))
+    if args.before:
+        tree = str(Path(args.before).resolve())
+        variants.append((f"AIR before ({args.before})", "AIR before", {"PYTHONPATH": tree}))
     results: dict[str, dict] = {}
     for _name, key, env in variants:
-        with gateway_with(env) as (client, _gw, _home):
-            results[key] = timed(key, run_air, client, src, args, every)
+        with gateway_with(env) as (client, _gw, home):
+            results[key] = timed(key, run_air, client, home, src, args, every)
     torchrun = timed("torchrun", run_torchrun, src, args, every)
     air = results["AIR"]
     print(

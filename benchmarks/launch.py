@@ -8,12 +8,12 @@ The same tiny DDP script runs three ways, interleaved run by run:
 - torchrun c10d: two bare `python -m torch.distributed.run` c10d agents, as the
   local backend starts them, timed until rank 0 prints "step 10" on stdout;
 - torchrun --standalone --nproc-per-node=2, for reference;
-- AIR again on a second gateway started with `AIR_WARM_AGENTS=0` (cold agents:
-  how AIR launched before its warm agent pool), unless --no-cold.
+- with `--before DIR`, AIR from another source tree (e.g. `git archive` of an earlier
+  commit) on a gateway of its own: before and after in one run;
+- with `--cold`, AIR on a gateway started with `AIR_WARM_RANKS=0`.
 
-The first AIR job on a gateway starts cold agents (the warm pool fills from the
-first launch on); the warm-up round takes that one, so timed AIR runs find warm
-agents as on a gateway that has run a job before.
+A job's first launch starts its ranks cold (warm interpreters serve a job's restarts);
+the untimed warm-up round runs each launcher once first.
 
 Rank 0 also prints the wall-clock time at which it reached step 10, so the
 launch part (submit -> step 10 in the worker) can be told apart from the
@@ -40,10 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     QUIET_ENV,
     air_gateway,
+    before_gateway,
     bench_dir,
     fmt,
     free_port,
     header,
+    leave_checkout,
     markdown_table,
     median,
     write_result,
@@ -286,7 +288,7 @@ def run_torchrun(code_dir: Path, script_args: list[str], standalone: bool) -> di
     return out
 
 
-KINDS = ("air", "torchrun-c10d", "torchrun-standalone", "air-cold")
+KINDS = ("air", "torchrun-c10d", "torchrun-standalone", "air-before", "air-cold")
 
 
 def run_one(
@@ -312,11 +314,14 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="seconds of training after step 10 (sets --steps from 50 ms steps)",
     )
-    p.add_argument(
-        "--no-cold", action="store_true", help="skip AIR with AIR_WARM_AGENTS=0 (before)"
-    )
+    p.add_argument("--before", metavar="DIR", help="also run the AIR of this source tree")
+    p.add_argument("--cold", action="store_true", help="also run AIR with AIR_WARM_RANKS=0")
     a = p.parse_args(argv)
-    kinds = tuple(k for k in KINDS if not (a.no_cold and k == "air-cold"))
+    leave_checkout()
+    skip = {"air-before"} if not a.before else set()
+    if not a.cold:
+        skip.add("air-cold")
+    kinds = tuple(k for k in KINDS if k not in skip)
     step_sleep = 0.05
     steps = max(a.steps, STEP) if a.duration is None else STEP + int(a.duration / step_sleep)
     script_args = ["--steps", str(steps), "--step-sleep", str(step_sleep)]
@@ -329,11 +334,16 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.ExitStack() as stack:
         client, gw, _home = stack.enter_context(air_gateway(num_nodes=2, slots_per_node=1))
         gateways = {"air": (client, gw)}
+        if "air-before" in kinds:
+            c3, gw3, _ = stack.enter_context(
+                before_gateway(a.before, num_nodes=2, slots_per_node=1)
+            )
+            gateways["air-before"] = (c3, gw3)
         if "air-cold" in kinds:
             c2, gw2, _ = stack.enter_context(air_gateway_cold(num_nodes=2, slots_per_node=1))
             gateways["air-cold"] = (c2, gw2)
         for i in range(a.warmup + a.runs):
-            for kind in kinds:  # interleaved: AIR, c10d, standalone, AIR cold, AIR, ...
+            for kind in kinds:  # interleaved: AIR, c10d, standalone, AIR before, AIR, ...
                 r = run_one(kind, gateways, code_dir, script_args)
                 tag = "warmup" if i < a.warmup else f"run {i - a.warmup + 1}"
                 print(
@@ -361,7 +371,9 @@ def main(argv: list[str] | None = None) -> None:
             ),
             "end_s": median([r["end_s"] for r in good]),
         }
-    for kind in ("air", "air-cold"):
+    for kind in ("air", "air-before", "air-cold"):
+        if kind not in runs:
+            continue
         air_runs = [r for r in runs.get(kind, []) if r["ok"]]
         for key in (
             "submit_returned_s",
@@ -384,7 +396,8 @@ def main(argv: list[str] | None = None) -> None:
         "air": "AIR (submit -> metrics event step 10)",
         "torchrun-c10d": "torchrun c10d, 2 agents (-> stdout)",
         "torchrun-standalone": "torchrun --standalone (-> stdout)",
-        "air-cold": "AIR, AIR_WARM_AGENTS=0 (before warm agents)",
+        "air-before": f"AIR before ({a.before})",
+        "air-cold": "AIR, AIR_WARM_RANKS=0",
     }
     for kind in kinds:
         s = summary[kind]
@@ -446,16 +459,17 @@ def main(argv: list[str] | None = None) -> None:
         f" SUCCEEDED {fmt(air['end_s'])} s; the gateway used {fmt(air['gateway_cpu_s'])} s of CPU"
         " per job"
     )
-    ratio_cold = (
-        summary["air-cold"]["seen_s"] / base["seen_s"] if "air-cold" in summary else float("nan")
-    )
-    if "air-cold" in summary:
-        cold = summary["air-cold"]
+    ratios = {
+        k: summary[k]["seen_s"] / base["seen_s"] for k in ("air-before", "air-cold") if k in summary
+    }
+    for kind, r in ratios.items():
+        other = summary[kind]
         print(
-            f"AIR with AIR_WARM_AGENTS=0: RUNNING seen {fmt(cold.get('running_s'))} s,"
-            f" step 10 in worker {fmt(cold['worker_step10_s'])} s,"
-            f" metrics event {fmt(cold['seen_s'])} s ({fmt(ratio_cold, 3)}x c10d)"
+            f"{labels[kind]}: RUNNING seen {fmt(other.get('running_s'))} s,"
+            f" step 10 in worker {fmt(other['worker_step10_s'])} s,"
+            f" metrics event {fmt(other['seen_s'])} s ({fmt(r, 3)}x c10d)"
         )
+    ratio_cold = ratios.get("air-cold", float("nan"))
     verdict = "meets" if ratio <= GOAL_RATIO else "misses"
     print(
         f"AIR / torchrun-c10d: {fmt(ratio, 3)}x to step 10 seen ({verdict} the <= {GOAL_RATIO}x goal);"
@@ -475,6 +489,7 @@ def main(argv: list[str] | None = None) -> None:
             "ratio_air_vs_c10d": ratio,
             "ratio_air_vs_c10d_worker_step10": ratio_worker,
             "ratio_air_cold_vs_c10d": ratio_cold,
+            "ratio_air_before_vs_c10d": ratios.get("air-before", float("nan")),
             "summary": summary,
             "runs": runs,
         },

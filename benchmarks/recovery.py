@@ -1,27 +1,37 @@
 """Recovery: from SIGKILL of one rank to the first training step after the resume,
-AIR vs `torchrun --max-restarts=3` running the same script with the same resume code
-(air.checkpoint every 5 steps), interleaved, 2 nodes x 1 rank, gloo on CPU.
+AIR vs `torchrun --max-restarts=3` running the same script with the same resume code,
+interleaved, 2 nodes x 1 rank, gloo on CPU.
 
-AIR runs twice per round, on two gateways: with its warm agent pool (the default)
-and with `AIR_WARM_AGENTS=0` (cold agents: every attempt starts fresh torchrun
-interpreters, as before warm agents), so before and after come from the same run.
-For the warm gateway it reports how many of the restart's agents came from the pool.
-A job's own launch takes the pool's agents and their replacements warm once a core
-is idle, so on the warm gateway the kill waits (past step 30) until 2 are ready: the
-restart of a job that has run a while. Each gateway first runs one untimed job.
-Every run stops once rank 0 has made its first step after the resume.
+Two scripts (--script):
+
+- `air` (default): checkpoints with `air.checkpoint` every 5 steps and resumes with
+  `air.checkpoint.load` (under AIR a surviving rank also saves the step a peer died in);
+- `plain`: an unmodified torchrun script that saves its own checkpoint with
+  `torch.save` every 10 steps (rank 0) and `torch.load`s it at start; no `air.*` at all.
+
+Variants, each a gateway of its own, interleaved run by run with torchrun:
+AIR (this checkout, warm interpreters on), `--before PATH` (AIR from another source
+tree, e.g. `git archive` of an earlier commit: before and after in one run), and
+`--cold` (this AIR with `AIR_WARM_RANKS=0`: every restart starts its ranks cold).
+A job's NodeRunners warm the next attempt's interpreters once a core is idle, so the
+kill waits (past step 30) until they are ready (`warm_ready`, for an AIR from before
+NodeRunners its gateway's warm agents): the restart of a job that has run a while. A
+failure within the first seconds of an attempt restarts cold, like `--cold`.
+Each gateway first runs one untimed job. Every run stops once rank 0 has made its
+first step after the resume.
 
 AIR's time is split from its event log: kill -> RESTARTING (detect + teardown),
-RESTARTING -> STARTING (backoff + relaunch), STARTING -> RUNNING (launch +
-rendezvous: every rank up), RUNNING -> restored (checkpoint load), restored -> first
-step. Both report which step they resumed from next to the newest committed one.
+RESTARTING -> STARTING (backoff + relaunch), STARTING -> RUNNING (launch: every rank
+up), RUNNING -> restored (checkpoint load), restored -> first step. Both report which
+step they resumed from next to the newest committed one.
 
 Both are timed to rank 0's own print of its first step after the resume (the same
 clock for both). For AIR the time that step's metrics event reached the gateway is
 shown too (it adds the shipper's flush interval); figures before 2026-11-30 17:00
 UTC used that event.
 
-Usage: .venv/bin/python benchmarks/recovery.py --runs 3
+Usage: .venv/bin/python benchmarks/recovery.py --runs 5 [--script plain] [--before DIR]
+(run it from outside the checkout when giving --before)
 """
 
 from __future__ import annotations
@@ -42,14 +52,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     QUIET_ENV,
     air_gateway,
+    before_gateway,
     c10d_agent_cmd,
     fmt,
     free_port,
     gateway_with,
     header,
     kill_marked,
+    leave_checkout,
     markdown_table,
     median,
+    warm_agents,
+    warm_ready,
+    warm_used,
     write_result,
 )
 
@@ -89,6 +104,47 @@ while step < 100_000:  # until the benchmark stops it, after the first resumed s
     time.sleep(0.05)
 """
 
+PLAIN_SCRIPT = """
+import os, sys, time
+T0 = time.time()
+import torch, torch.distributed as dist, torch.nn.functional as F
+
+def phase(name, t=None):
+    if os.environ.get("RANK") == "0":
+        print(f"PHASE {name} {time.time() if t is None else t}", flush=True)
+
+phase("start", T0)
+phase("imported")
+dist.init_process_group("gloo")
+phase("init")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
+phase("ddp")
+optim = torch.optim.SGD(model.parameters(), lr=0.01)
+path = os.path.join(sys.argv[1], "ckpt.pt")
+step = 0
+if os.path.exists(path):
+    saved = torch.load(path)
+    model.load_state_dict(saved["model"])
+    optim.load_state_dict(saved["optim"])
+    step = saved["step"]
+if rank == 0:
+    print(f"RESUMED {step} {time.time()}", flush=True)
+while step < 100_000:  # until the benchmark stops it, after the first resumed step
+    step += 1
+    x = torch.randn(64, 32)
+    loss = F.mse_loss(model(x), x)
+    optim.zero_grad(); loss.backward(); optim.step()
+    if rank == 0:
+        print(f"STEP {step} {time.time()}", flush=True)
+    if step % 10 == 0 and rank == 0:
+        state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step}
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    time.sleep(0.05)
+"""
+
 KILL_AT_STEP = 30
 #: rank 0's milestones after the kill, in order (PHASE lines, RESUMED, the first STEP)
 TIMELINE = ("start", "imported", "init", "ddp", "resumed", "first step")
@@ -110,58 +166,41 @@ def timeline(lines: list[str], t_kill: float) -> dict[str, float]:
 
 
 def air_gateway_cold(**kwargs: Any) -> contextlib.AbstractContextManager[tuple[Any, Any, Path]]:
-    """`air_gateway` with the warm agent pool off (AIR_WARM_AGENTS=0): AIR as it was
-    before warm agents."""
-    return gateway_with({"AIR_WARM_AGENTS": "0"}, **kwargs)
+    """`air_gateway` with warm interpreters off (AIR_WARM_RANKS=0): every restart
+    starts its ranks cold."""
+    return gateway_with({"AIR_WARM_RANKS": "0"}, **kwargs)
 
 
-def warm_idle(gateway_pid: int | None) -> set[int]:
-    """The gateway's idle warm agents that finished their imports."""
-    import psutil
-
-    if gateway_pid is None:
-        return set()
-    found = set()
-    try:
-        children = psutil.Process(gateway_pid).children()
-    except psutil.Error:
-        return found
-    for c in children:
-        try:
-            cmd = c.cmdline()
-        except psutil.Error:
-            continue
-        if "air-warm-agent" in cmd and "ready" in cmd:
-            found.add(c.pid)
-    return found
-
-
-def warm_up(client: Any, src: Path, gateway_pid: int | None, timeout_s: float = 180) -> None:
-    """One untimed job that does nothing (the warm pool fills from a gateway's first
-    launch on), then wait for 2 ready warm agents: the timed runs see a gateway that
-    has run a job before, as launch.py's warm-up round does."""
+def warm_up(client: Any, src: Path, timeout_s: float = 180) -> None:
+    """One untimed job that does nothing: the timed runs see a gateway that has run a
+    job before, as launch.py's warm-up round does."""
     from air_sdk.schema import JobSpec, Resources
 
     client.submit(JobSpec(entrypoint="noop.py", resources=Resources(nodes=2)), workdir=src).wait(
         timeout=timeout_s
     )
-    deadline = time.time() + timeout_s
-    while gateway_pid is not None and len(warm_idle(gateway_pid)) < 2:
-        if time.time() > deadline:
-            print("warning: the warm pool was not ready", flush=True)
-            return
-        time.sleep(0.2)
 
 
-def warm_used(ready_before: set[int], gateway_pid: int | None) -> int:
-    """How many of the warm agents that were ready before the kill were taken since
-    (a taken one turns into the attempt's agent and is gone once the job ended)."""
-    return len(ready_before - warm_idle(gateway_pid))
+def rank_pid(marker: str, rank: int, job_dir: Path | None = None) -> int | None:
+    """The training process of `rank`: from the NodeRunners' records under `job_dir`
+    (an AIR job: its ranks may run on warm interpreters, whose /proc environment is not
+    the rank's), else the process whose environment carries the benchmark's marker."""
+    import json
 
-
-def rank_pid(marker: str, rank: int) -> int | None:
     import psutil
 
+    attempts = sorted(
+        (job_dir / "attempts").glob("*/nodes/*.json") if job_dir else [],
+        key=lambda p: int(p.parent.parent.name),
+    )
+    for record in reversed(attempts):
+        try:
+            ranks = json.loads(record.read_text()).get("ranks", [])
+        except (OSError, ValueError):
+            continue
+        for r in ranks:
+            if r["rank"] == rank and r.get("returncode") is None and psutil.pid_exists(r["pid"]):
+                return int(r["pid"])
     for p in psutil.process_iter(["pid"]):
         try:
             env = p.environ()
@@ -180,6 +219,13 @@ def rank_pid(marker: str, rank: int) -> int | None:
 
 
 def newest_commit(directory: Path) -> int | None:
+    if (directory / "ckpt.pt").exists():  # the plain script's own checkpoint
+        import torch
+
+        try:
+            return int(torch.load(directory / "ckpt.pt")["step"])
+        except Exception:
+            return None
     steps = [
         int(p.name.split("-")[1])
         for p in directory.glob("step-*")
@@ -188,14 +234,27 @@ def newest_commit(directory: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def run_air(client, src: Path, home: Path, gateway_pid: int | None = None) -> dict:
+def step_of(job: Any, plain: bool) -> int:
+    """The job's step: its metrics (air.log), or rank 0's STEP lines (the plain script)."""
+    if not plain:
+        return job.snapshot().step or 0
+    for line in reversed(job.logs(rank=0, attempt=1, tail=5)):
+        if line.text.startswith("STEP "):
+            return int(line.text.split()[1])
+    return 0
+
+
+def run_air(
+    client, src: Path, home: Path, gateway_pid: int | None, warm: bool, plain: bool
+) -> dict:
     from air_sdk.schema import JobSpec, Resources
 
     marker = f"air-{time.time_ns()}"
+    own_ckpt = Path(tempfile.mkdtemp(prefix="air-bench-recovery-air-")) if plain else None
     job = client.submit(
         JobSpec(
             entrypoint="train.py",
-            args=["CKPT"],
+            args=[str(own_ckpt) if own_ckpt else "CKPT"],
             env={"BENCH_MARKER": marker},
             resources=Resources(nodes=2),
             max_restarts=3,
@@ -203,24 +262,25 @@ def run_air(client, src: Path, home: Path, gateway_pid: int | None = None) -> di
         ),
         workdir=src,
     )
-    ckpt = home / "jobs" / job.id / "checkpoints"
+    ckpt = own_ckpt or home / "jobs" / job.id / "checkpoints"
     # the script's checkpoint dir arg: AIR sets AIR_CHECKPOINT_DIR; "CKPT" means use it
     deadline = time.time() + 120
-    while (job.snapshot().step or 0) < KILL_AT_STEP:
+    while step_of(job, plain) < KILL_AT_STEP:
         if time.time() > deadline:
             raise RuntimeError(f"AIR job never reached step {KILL_AT_STEP}: {job.record()}")
-        time.sleep(0.05)
-    # The job's own launch took the pool's agents; their replacements warm once a core
-    # is idle. Kill once they are ready: a failure in a job that has run a while.
+        time.sleep(0.05 if not plain else 0.2)
+    # The next attempt's warm interpreters start once a core is idle. Kill once they
+    # are ready: a failure in a job that has run a while.
     t_pool = time.time()
-    while gateway_pid is not None and len(warm_idle(gateway_pid)) < 2:
-        if time.time() - t_pool > 90:
+    while warm and warm_ready(home, job.id, gateway_pid) < 2:
+        if time.time() - t_pool > 120:
             break
         time.sleep(0.1)
     pool_wait = time.time() - t_pool
     newest = newest_commit(ckpt)
-    pid = rank_pid(marker, 1)
-    ready = warm_idle(gateway_pid)
+    pid = rank_pid(marker, 1, home / "jobs" / job.id)
+    ready = warm_agents(gateway_pid)  # an AIR from before NodeRunners: its gateway's pool
+    ready_count = warm_ready(home, job.id, gateway_pid) if warm else 0
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
     deadline = time.time() + 300
@@ -228,8 +288,12 @@ def run_air(client, src: Path, home: Path, gateway_pid: int | None = None) -> di
         texts = [line.text for line in job.logs(rank=0, attempt=2)]
         resumed_at = next((i for i, t in enumerate(texts) if t.startswith("RESUMED")), None)
         stepped = resumed_at is not None and any(t.startswith("STEP ") for t in texts[resumed_at:])
-        metrics = stepped and any(
-            e.type.value == "metrics" and e.attempt == 2 for e in job.events(limit=10_000).events
+        metrics = stepped and (  # the plain script logs no metrics
+            plain
+            or any(
+                e.type.value == "metrics" and e.attempt == 2
+                for e in job.events(limit=10_000).events
+            )
         )
         if metrics or job.record().state.terminal or time.time() > deadline:
             break
@@ -269,6 +333,8 @@ def run_air(client, src: Path, home: Path, gateway_pid: int | None = None) -> di
         phases["launch+rendezvous"] = running - starting
     resumed = job.attempts()[1].resumed_from_step
     lines = [line.text for line in job.logs(rank=0, attempt=2)]
+    if plain:  # its own checkpoint: the step it printed
+        resumed = next((int(t.split()[1]) for t in lines if t.startswith("RESUMED")), None)
     printed = [float(t.split()[2]) for t in lines if t.startswith("RESUMED")]
     first_printed = next((float(t.split()[2]) for t in lines if t.startswith("STEP ")), None)
     if printed and running:
@@ -287,8 +353,8 @@ def run_air(client, src: Path, home: Path, gateway_pid: int | None = None) -> di
         "newest_committed_at_kill": newest,
         "timeline": timeline(lines, t_kill),
         "pool_wait_s": pool_wait,
-        "warm_ready_at_kill": len(ready),
-        "warm_used": warm_used(ready, gateway_pid),
+        "warm_ready_at_kill": ready_count,
+        "warm_used": warm_used(home, job.id, 2, ready, gateway_pid),
     }
 
 
@@ -390,62 +456,78 @@ def phase_rows(variants: list[tuple[str, list[dict]]]) -> list[list[str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument(
-        "--no-cold", action="store_true", help="skip AIR with AIR_WARM_AGENTS=0 (before)"
+        "--script",
+        choices=("air", "plain"),
+        default="air",
+        help="air: air.checkpoint every 5 steps; plain: unmodified torchrun script, torch.save",
     )
+    ap.add_argument("--before", metavar="DIR", help="also run the AIR of this source tree")
+    ap.add_argument("--cold", action="store_true", help="also run AIR with AIR_WARM_RANKS=0")
     args = ap.parse_args()
+    plain = args.script == "plain"
+    leave_checkout()
     src = Path(tempfile.mkdtemp(prefix="air-bench-recovery-"))
     (src / "train.py").write_text(
-        SCRIPT.replace(
+        PLAIN_SCRIPT
+        if plain
+        else SCRIPT.replace(
             "air.checkpoint.configure(sys.argv[1], keep=2)",
             "air.checkpoint.configure(None if sys.argv[1] == 'CKPT' else sys.argv[1], keep=2)",
         )
     )
-    air_runs: list[dict] = []
-    cold_runs: list[dict] = []
+    (src / "noop.py").write_text("")
+    names = {"air": "AIR", "before": f"AIR before ({args.before})", "cold": "AIR, AIR_WARM_RANKS=0"}
+    runs: dict[str, list[dict]] = {"air": [], "before": [], "cold": []}
     torchrun_runs: list[dict] = []
     load_before = os.getloadavg()
     t0 = time.time()
-    (src / "noop.py").write_text("")
     with contextlib.ExitStack() as stack:
-        client, gw, home = stack.enter_context(air_gateway())
-        cold = None if args.no_cold else stack.enter_context(air_gateway_cold())
-        warm_up(client, src, gw.pid)
-        if cold is not None:
-            warm_up(cold[0], src, None)
-        for i in range(args.runs):  # interleaved: AIR, AIR cold, torchrun, AIR, ...
-            t_wait = time.time()
-            while len(warm_idle(gw.pid)) < 2 and time.time() - t_wait < 120:
-                time.sleep(0.2)  # a gateway that has been idle a moment has its pool ready
-            air_runs.append(run_air(client, src, home, gw.pid))
-            if cold is not None:
-                cold_runs.append(run_air(cold[0], src, cold[2]))
+        gateways = {"air": stack.enter_context(air_gateway())}
+        if args.before:
+            gateways["before"] = stack.enter_context(before_gateway(args.before))
+        if args.cold:
+            gateways["cold"] = stack.enter_context(air_gateway_cold())
+        for client, _gw, _home in gateways.values():
+            warm_up(client, src)
+        for i in range(args.runs):  # interleaved: AIR, AIR before, AIR cold, torchrun, ...
+            for key, (client, gw, home) in gateways.items():
+                runs[key].append(run_air(client, src, home, gw.pid, key != "cold", plain))
             torchrun_runs.append(run_torchrun(src))
             print(
-                f"run {i + 1}: AIR {fmt(air_runs[-1]['total_s'])} s"
-                f" (warm agents used {air_runs[-1]['warm_used']}/2),"
-                + (f" AIR cold {fmt(cold_runs[-1]['total_s'])} s," if cold_runs else "")
-                + f" torchrun {fmt(torchrun_runs[-1]['total_s'])} s; load {os.getloadavg()[0]:.1f}",
+                f"run {i + 1}: "
+                + ", ".join(
+                    f"{names[k]} {fmt(runs[k][-1]['total_s'])} s"
+                    f" (warm {runs[k][-1]['warm_used']}/2)"
+                    for k in gateways
+                )
+                + f", torchrun {fmt(torchrun_runs[-1]['total_s'])} s;"
+                f" load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
     load_after = os.getloadavg()
-    variants = [("AIR (warm agents)", air_runs)]
-    if cold_runs:
-        variants.append(("AIR, AIR_WARM_AGENTS=0 (before)", cold_runs))
+    variants = [(names[k], runs[k]) for k in gateways]
+    air_runs, cold_runs, before_runs = runs["air"], runs["cold"], runs["before"]
     rows = []
-    for name, runs in [*variants, ("torchrun --max-restarts=3", torchrun_runs)]:
+    for name, rs in [*variants, ("torchrun --max-restarts=3", torchrun_runs)]:
         rows.append(
             [
                 name,
-                fmt(median([r["total_s"] for r in runs])),
-                fmt(median([r["seen_s"] for r in runs])) if "seen_s" in runs[0] else "n/a",
-                ", ".join(fmt(r["total_s"]) for r in runs),
-                ", ".join(f"{r['resumed_from']}/{r['newest_committed_at_kill']}" for r in runs),
+                fmt(median([r["total_s"] for r in rs])),
+                fmt(median([r["seen_s"] for r in rs])) if "seen_s" in rs[0] else "n/a",
+                ", ".join(fmt(r["total_s"]) for r in rs),
+                ", ".join(f"{r['resumed_from']}/{r['newest_committed_at_kill']}" for r in rs),
             ]
         )
     print()
-    print(header(f"Recovery: SIGKILL of one rank to the first resumed step, median of {args.runs}"))
+    what = "plain torchrun script, torch.save" if plain else "air.checkpoint"
+    print(
+        header(
+            f"Recovery ({what}): SIGKILL of one rank to the first resumed step,"
+            f" median of {args.runs}"
+        )
+    )
     print()
     print(
         markdown_table(
@@ -474,8 +556,8 @@ def main() -> None:
                 [
                     k,
                     *(
-                        fmt(median([r["timeline"][k] for r in runs if k in r["timeline"]]))
-                        for _, runs in every
+                        fmt(median([r["timeline"][k] for r in rs if k in r["timeline"]]))
+                        for _, rs in every
                     ),
                 ]
                 for k in TIMELINE
@@ -485,22 +567,28 @@ def main() -> None:
     base = median([r["total_s"] for r in torchrun_runs])
     ratio = median([r["total_s"] for r in air_runs]) / base
     ratio_cold = median([r["total_s"] for r in cold_runs]) / base if cold_runs else None
+    ratio_before = median([r["total_s"] for r in before_runs]) / base if before_runs else None
     print(
         f"\nAIR / torchrun: {ratio:.2f}x"
-        + (f" (warm agents off: {ratio_cold:.2f}x)" if ratio_cold is not None else "")
+        + (f" (before: {ratio_before:.2f}x)" if ratio_before is not None else "")
+        + (f" (warm interpreters off: {ratio_cold:.2f}x)" if ratio_cold is not None else "")
         + " (goal: <= 1.0x, detection < 1 s, never an older checkpoint)."
-        f" Warm agents used at the restart: {[r['warm_used'] for r in air_runs]} of 2."
+        f" Warm at the restart: {[r['warm_used'] for r in air_runs]} of 2 nodes."
         f" Load average {load_before[0]:.1f} before, {load_after[0]:.1f} after,"
         f" {time.time() - t0:.0f} s in all."
     )
     write_result(
-        "recovery",
+        "recovery" if not plain else "recovery_plain",
         {
             "runs": args.runs,
+            "script": args.script,
+            "before": args.before,
             "air": air_runs,
+            "air_before": before_runs,
             "air_cold": cold_runs,
             "torchrun": torchrun_runs,
             "ratio": ratio,
+            "ratio_before": ratio_before,
             "ratio_cold": ratio_cold,
             "loadavg_before": load_before,
             "loadavg_after": load_after,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
-from air_sdk._agent import is_agent
-from air_sdk.runner.backends.local import job_processes, rank_processes
+from air_sdk.runner.node.records import AttemptRecord, RunnerRecord
+
+#: a local NodeRunner process's command line: python -m air_sdk.runner.node NODE_DIR JOB NODE
+NODE_RUNNER = "air_sdk.runner.node"
 
 
 def wait_for(
@@ -24,31 +28,89 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def job_processes(job_id: str, attempt: int | None = None) -> set[int]:
+    """Pids of live processes whose environment names this job (and attempt): the test's
+    own view of the host, independent of what the product records. NodeRunner
+    processes, ranks, warm interpreters and what ranks start all carry AIR_JOB_ID."""
+    found = set()
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            env = p.environ()
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        if env.get("AIR_JOB_ID") != job_id:
+            continue
+        if attempt is not None and env.get("AIR_ATTEMPT") != str(attempt):
+            continue
+        found.add(p.pid)
+    return found
+
+
 def no_processes_left(job_id: str) -> bool:
     return not job_processes(job_id)
 
 
-def _job_procs(job_id: str):
-
+def node_runners(job_id: str) -> dict[str, tuple[int, Path]]:
+    """{node: (pid, node directory)} of the job's local NodeRunner processes."""
+    found = {}
     for pid in job_processes(job_id):
         try:
-            p = psutil.Process(pid)
-            yield p, p.cmdline(), p.environ()
+            cmdline = psutil.Process(pid).cmdline()
         except psutil.Error:
             continue
+        if NODE_RUNNER in cmdline and len(cmdline) >= cmdline.index(NODE_RUNNER) + 4:
+            at = cmdline.index(NODE_RUNNER)
+            found[cmdline[at + 3]] = (pid, Path(cmdline[at + 1]))
+    return found
+
+
+def attempt_records(job_id: str) -> list[AttemptRecord]:
+    """The current attempt's node records, read from where the NodeRunners keep them."""
+    records = []
+    for _node, (_pid, node_dir) in sorted(node_runners(job_id).items()):
+        try:
+            runner = RunnerRecord.from_dict(json.loads((node_dir / "runner.json").read_text()))
+            path = node_dir.parent.parent / "attempts" / str(runner.attempt) / "nodes"
+            data = json.loads((path / f"{runner.node}.json").read_text())
+        except (OSError, ValueError, TypeError):
+            continue
+        records.append(AttemptRecord.from_dict(data))
+    return records
 
 
 def rank_pid(job_id: str, rank: int) -> int | None:
-    """The pid of the training process of `rank` (the supervisor's child)."""
-    return rank_processes(job_id).get(rank)
+    """The pid of the training process of `rank`: from its NodeRunner's record (local),
+    else the topmost process whose environment says it is that rank (a Ray node)."""
+    for record in attempt_records(job_id):
+        for r in record.ranks:
+            if r.rank == rank and r.returncode is None:
+                return r.pid
+    candidates = {}
+    for pid in job_processes(job_id):
+        try:
+            p = psutil.Process(pid)
+            if p.environ().get("RANK") == str(rank):
+                candidates[pid] = p
+        except psutil.Error:
+            continue
+    for pid, p in candidates.items():
+        try:
+            parent = p.ppid()
+        except psutil.Error:
+            continue
+        if parent not in candidates:  # not a DataLoader worker or a forked writer of it
+            return pid
+    return None
 
 
 def agent_pid(job_id: str, node: str) -> int | None:
-    """The pid of the torchrun agent of `node` for the job's live attempt."""
-    for p, cmdline, env in _job_procs(job_id):
-        if env.get("AIR_NODE_NAME") == node and is_agent(cmdline):
-            return p.pid
-    return None
+    """The pid of `node`'s NodeRunner process (its launcher: the ranks die with it)."""
+    found = node_runners(job_id).get(node)
+    return found[0] if found else None
 
 
 def kill_tree(pid: int, sig: int) -> None:

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import psutil
 import requests
 
 from air_sdk.client.ports import choose_port
 from air_sdk.config import write_client_config
 from air_sdk.errors import AirError
 from air_sdk.gateway_config import LOG_FILE, OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
+from air_sdk.procs import alive
 
 __all__ = [
     "GatewayProcess",
@@ -73,17 +73,17 @@ class LocalGateway:
     process: GatewayProcess | None = None
 
 
-def _alive(pid: int) -> bool:
-    """True while `pid` runs; reaps it when it is our own exited child (a zombie)."""
+def _alive(pid: int, started: float | None = None) -> bool:
+    """True while `pid` runs and (with `started`) is the process that started then;
+    reaps it when it is our own exited child. A zombie, or a process still being torn
+    down after a SIGKILL (it shows as running for a while), is not alive: a gateway
+    restarted right after killing the old one must not be refused."""
     try:
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
     except ChildProcessError:
         pass  # not our child: ask the kernel below
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
+    return alive(pid, started)
 
 
 def running_gateway(home: Path) -> GatewayProcess | None:
@@ -96,9 +96,10 @@ def running_gateway(home: Path) -> GatewayProcess | None:
     try:
         state = json.loads((home / STATE_FILE).read_text())
         pid, url = int(state["pid"]), str(state["url"])
-    except (OSError, ValueError, KeyError):
+        started = float(state["started"]) if state.get("started") is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not _alive(pid):
+    if not _alive(pid, started):
         return None
     token = (home / TOKEN_FILE).read_text().strip() if (home / TOKEN_FILE).exists() else ""
     return GatewayProcess(pid=pid, url=url, token=token, log_path=home / LOG_FILE)

@@ -30,6 +30,7 @@ from air_sdk.config import write_client_config
 from air_sdk.errors import AirError, ConfigError
 from air_sdk.gateway.options import SecurityOptions, check_bind, is_loopback
 from air_sdk.gateway_config import OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
+from air_sdk.procs import create_time
 from air_sdk.store.quota import JobQuotas
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ def serve(opts: GatewayOptions) -> None:
         print(choice.note, flush=True)
     if opts.write_client_config:
         write_client_config(opts.url, token)
-    state = {"pid": os.getpid(), "url": opts.url}
+    state = {"pid": os.getpid(), "url": opts.url, "started": create_time(os.getpid())}
     state_path = opts.home / STATE_FILE
     state_path.write_text(json.dumps(state))
     print(f"AIR gateway on {opts.url} (home {opts.home}); Ctrl-C stops it", flush=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from air_sdk.errors import SpecError
 from air_sdk.redact import is_secret_env
-from air_sdk.schema import JobSpec
+from air_sdk.schema import JobSpec, WorkerEnv
 
 __all__ = ["TRAINJOB_API_VERSION", "K8sOptions", "render_trainjob", "to_yaml"]
 
@@ -137,15 +137,17 @@ def render_trainjob(spec: JobSpec, options: K8sOptions) -> dict[str, Any]:
 
 def _env(spec: JobSpec, name: str, options: K8sOptions) -> list[dict[str, Any]]:
     env: dict[str, str] = dict(spec.env)
+    # AIR's part of the contract (torchrun sets RANK, WORLD_SIZE, ... from the runtime's env)
     if spec.checkpoint.dir:
-        env["AIR_CHECKPOINT_DIR"] = spec.checkpoint.dir
-    env["AIR_CHECKPOINT_KEEP"] = str(spec.checkpoint.keep)
+        env[WorkerEnv.env_name("checkpoint_dir")] = spec.checkpoint.dir
+    env[WorkerEnv.env_name("checkpoint_keep")] = str(spec.checkpoint.keep)
     secret = {k for k, v in env.items() if is_secret_env(k, v)}
     if options.gateway_url:
         # Ranks post with a job token the gateway issued; it lives in the Secret too.
-        env["AIR_GATEWAY_URL"] = options.gateway_url
-        env["AIR_JOB_TOKEN"] = ""
-        secret.add("AIR_JOB_TOKEN")
+        env[WorkerEnv.env_name("gateway_url")] = options.gateway_url
+        token = WorkerEnv.env_name("job_token")
+        env[token] = ""
+        secret.add(token)
     out: list[dict[str, Any]] = []
     for key in sorted(env):
         if key in secret:

@@ -1,29 +1,31 @@
 """What the planner tells every rank of a job: the model's training FLOPs per token
-(`AIR_FLOPS_PER_TOKEN`), so the runtime's MFU needs no FLOP counting.
+(`AIR_FLOPS_PER_TOKEN`, `WorkerEnv.flops_per_token`), so the runtime's MFU needs no
+FLOP counting.
 
 Example:
     >>> from air_sdk.schema import JobSpec, ModelSpec
-    >>> worker_env(JobSpec(code="pass", model=ModelSpec(preset="gpt2-124m")))
-    {'AIR_FLOPS_PER_TOKEN': '855383040.0'}
-    >>> worker_env(JobSpec(code="pass"))
-    {}
+    >>> flops_per_token(JobSpec(code="pass", model=ModelSpec(preset="gpt2-124m")))
+    855383040.0
+    >>> flops_per_token(JobSpec(code="pass")) is None
+    True
 """
 
 from __future__ import annotations
 
 from air_sdk.planner.search import model_shape
-from air_sdk.schema.spec import FLOPS_PER_TOKEN_ENV, JobSpec
+from air_sdk.schema.spec import JobSpec
 
-__all__ = ["worker_env"]
+__all__ = ["flops_per_token"]
 
 
-def worker_env(spec: JobSpec) -> dict[str, str]:
-    """Env for every rank from `spec.model` (empty without one, or for an unknown preset)."""
+def flops_per_token(spec: JobSpec) -> float | None:
+    """Training FLOPs per token of `spec.model` (None without one, or for an unknown
+    preset)."""
     if spec.model is None:
-        return {}
+        return None
     try:
         shape = model_shape(spec.model)
     except ValueError:
-        return {}
+        return None
     seq_len = spec.model.seq_len or shape.default_seq_len
-    return {FLOPS_PER_TOKEN_ENV: repr(shape.flops_per_token(seq_len))}
+    return float(shape.flops_per_token(seq_len))

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air_sdk.errors import ConfigError
-from air_sdk.planner.worker_env import worker_env
 from air_sdk.runner.backends.base import (
     MODULE_PREFIX,
     AttemptHandle,
@@ -26,6 +25,7 @@ from air_sdk.runner.backends.base import (
     NodeStatus,
 )
 from air_sdk.runner.flight_recorder import hang_report
+from air_sdk.runner.node.plan import attempt_worker
 from air_sdk.runner.policy import (
     FailureAction,
     HangPolicy,
@@ -34,9 +34,7 @@ from air_sdk.runner.policy import (
     StragglerPolicy,
     diagnose,
 )
-from air_sdk.runtime._flight_recorder import FLIGHT_RECORDER_ENV
 from air_sdk.schema import (
-    PARALLELISM_ENV,
     EventType,
     FailureInfo,
     JobRecord,
@@ -194,6 +192,7 @@ class JobController:
         assert job is not None
         if job.state.terminal:  # ended elsewhere (e.g. an admin); make sure nothing runs
             self._teardown()
+            self._release_backend()
             self.state = job.state
             return previous, self.state
         if job.cancel_requested:
@@ -255,14 +254,18 @@ class JobController:
         charged: bool = True,
     ) -> None:
         if state.terminal or state is JobState.QUEUED:
-            # A backend may keep a stopped attempt's resources for a relaunch on the same
-            # nodes (Ray keeps its actors and placement group): none comes now, and the
-            # new state must not be seen while they still hold the nodes.
-            release = getattr(self.backend, "release", None)
-            if release is not None:
-                release(self.job_id)
+            self._release_backend()
         self.store.transition(self.job_id, state, reason, failure=failure, charged=charged)
         self.state = state
+
+    def _release_backend(self) -> None:
+        """A backend may keep a stopped attempt's resources for a relaunch on the same
+        nodes (Ray keeps its actors and placement group, the local backend its
+        NodeRunners with their warm interpreters): none comes now, and the next state
+        must not be seen while they still hold the nodes."""
+        release = getattr(self.backend, "release", None)
+        if release is not None:
+            release(self.job_id)
 
     def _cancel(self) -> None:
         self._teardown()
@@ -297,21 +300,14 @@ class JobController:
         self.attempt, token = self.store.start_attempt(self.job_id, self.placement)
         self._progress = {}
         self._reported_stragglers = set()
-        env = {
-            "AIR_JOB_ID": self.job_id,
-            "AIR_ATTEMPT": str(self.attempt),
-            "AIR_GATEWAY_URL": self.gateway_url,
-            "AIR_JOB_TOKEN": token,
-            "AIR_CHECKPOINT_DIR": self.spec.checkpoint.dir or str(self.paths.checkpoints),
-            "AIR_CHECKPOINT_KEEP": str(self.spec.checkpoint.keep),
-            # validated at submit: the resolved mesh sizes, so no rank repeats the arithmetic
-            PARALLELISM_ENV: self.spec.parallelism.resolve(
-                self.spec.resources.world_size
-            ).model_dump_json(),
-            **worker_env(self.spec),  # the model's FLOPs per token, for MFU
-        }
-        if self.spec.resources.gpus_per_node:  # NCCL's flight recorder, to explain a hang
-            env[FLIGHT_RECORDER_ENV] = "1"
+        worker = attempt_worker(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            spec=self.spec,
+            gateway_url=self.gateway_url,
+            job_token=token,
+            checkpoint_dir=self.spec.checkpoint.dir or str(self.paths.checkpoints),
+        )
         request = LaunchRequest(
             job_id=self.job_id,
             attempt=self.attempt,
@@ -320,7 +316,7 @@ class JobController:
             code_dir=self.paths.code,
             attempt_dir=self.paths.attempt(self.attempt),
             entrypoint=entrypoint,
-            env=env,
+            worker=worker,
         )
         self.attempt_started = time.monotonic()
         self._move(

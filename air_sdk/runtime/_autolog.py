@@ -30,10 +30,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from air_sdk.schema.worker_env import WorkerEnv
+
 __all__ = ["ENV", "WATCHED", "attach_to", "autolog", "enabled_by_env"]
 
 #: `0` (or false/no/off) in a rank's environment turns autolog off for an AIR job
-ENV = "AIR_AUTOLOG"
+ENV = WorkerEnv.env_name("autolog")
 #: the modules whose import attaches an integration: where the classes are defined
 WATCHED = (
     "lightning.pytorch.trainer.trainer",

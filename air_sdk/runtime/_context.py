@@ -1,6 +1,6 @@
 """Who this process is in the job, read from the launcher's environment.
 
-The env contract (see docs/ARCHITECTURE.md) is torchrun's variables plus the
+The env contract is `air_sdk.schema.WorkerEnv`: torchrun's variables plus the
 `AIR_*` ones the runner adds. Every variable may be absent: a script run by
 hand is rank 0 of a world of 1, with no job and no gateway.
 """
@@ -47,7 +47,7 @@ class Context:
     gateway_url: str | None = None
     """The gateway that receives this rank's reports (`AIR_GATEWAY_URL`)."""
     restart_count: int = 0
-    """How often torchrun restarted this node's workers (`TORCHELASTIC_RESTART_COUNT`)."""
+    """How often the job was restarted so far (`TORCHELASTIC_RESTART_COUNT`, as torchrun's)."""
 
     @property
     def is_main(self) -> bool:
@@ -60,22 +60,6 @@ class Context:
         return bool(self.gateway_url) and bool(self.job_id)
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{name}={raw!r} is not an integer; unset it or launch with torchrun / `air run`"
-        ) from None
-
-
-def _str(env: Mapping[str, str], name: str) -> str | None:
-    return env.get(name, "").strip() or None
-
-
 def context(env: Mapping[str, str] | None = None) -> Context:
     """Read this process's Context from the environment (or from `env`).
 
@@ -85,19 +69,24 @@ def context(env: Mapping[str, str] | None = None) -> Context:
         >>> context({}).world_size
         1
     """
-    env = os.environ if env is None else env
+    from air_sdk.schema.worker_env import WorkerEnv  # pydantic: loaded when first read
+
+    try:
+        worker = WorkerEnv.from_env(os.environ if env is None else env)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return Context(
-        rank=_int(env, "RANK", 0),
-        local_rank=_int(env, "LOCAL_RANK", 0),
-        world_size=_int(env, "WORLD_SIZE", 1),
-        local_world_size=_int(env, "LOCAL_WORLD_SIZE", 1),
-        group_rank=_int(env, "GROUP_RANK", 0),
-        job_id=_str(env, "AIR_JOB_ID"),
-        attempt=_int(env, "AIR_ATTEMPT", 0),
-        node_name=_str(env, "AIR_NODE_NAME") or socket.gethostname(),
-        checkpoint_dir=_str(env, "AIR_CHECKPOINT_DIR"),
-        gateway_url=_str(env, "AIR_GATEWAY_URL"),
-        restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        rank=worker.rank,
+        local_rank=worker.local_rank,
+        world_size=worker.world_size,
+        local_world_size=worker.local_world_size,
+        group_rank=worker.group_rank,
+        job_id=worker.job_id,
+        attempt=worker.attempt,
+        node_name=worker.node_name or socket.gethostname(),
+        checkpoint_dir=worker.checkpoint_dir,
+        gateway_url=worker.gateway_url,
+        restart_count=worker.restart_count,
     )
 
 
@@ -108,5 +97,7 @@ def job_token(env: Mapping[str, str] | None = None) -> str | None:
         >>> job_token({"AIR_JOB_TOKEN": "t0k"})
         't0k'
     """
-    env = os.environ if env is None else env
-    return _str(env, "AIR_JOB_TOKEN")
+    from air_sdk.schema.worker_env import WorkerEnv
+
+    value = (os.environ if env is None else env).get(WorkerEnv.env_name("job_token"), "")
+    return value.strip() or None

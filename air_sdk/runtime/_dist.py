@@ -17,10 +17,13 @@ from typing import Any
 from air_sdk.errors import ConfigError
 from air_sdk.runtime._context import Context, context
 from air_sdk.runtime._shipper import get_shipper, keep_alive
+from air_sdk.schema.worker_env import WorkerEnv
 
 __all__ = ["init", "shutdown"]
 
-_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCH_VARS = tuple(
+    WorkerEnv.env_name(f) for f in ("rank", "world_size", "master_addr", "master_port")
+)
 _lock = threading.Lock()
 _atexit_registered = False
 _shut_down = False

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from air_sdk.runtime._context import context
 from air_sdk.runtime._poster import warn
+from air_sdk.schema.worker_env import WorkerEnv
 
 if TYPE_CHECKING:
     from air_sdk.runtime.checkpoint import Checkpointer
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 __all__ = ["ENV", "collective_failure", "ineligible_state", "track"]
 
 #: `0` turns failure saves off
-ENV = "AIR_CHECKPOINT_ON_FAILURE"
+ENV = WorkerEnv.env_name("checkpoint_on_failure")
 #: where a rank tells the runner about its failure save (under $AIR_ATTEMPT_DIR)
 MARKER_DIR = "failure-saves"
 #: what a collective's failure says where it is not a torch DistError (gloo's transport)
@@ -361,7 +362,7 @@ def save_at_failure(tracker: _Tracker) -> int | None:
 
 
 def _marker(kind: str = "rank") -> Path | None:
-    attempt_dir = os.environ.get("AIR_ATTEMPT_DIR")
+    attempt_dir = os.environ.get(WorkerEnv.env_name("attempt_dir"))
     if not attempt_dir:
         return None
     return Path(attempt_dir) / MARKER_DIR / f"{kind}-{context().rank}"

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from air_sdk.errors import CheckpointError
+from air_sdk.schema.worker_env import WorkerEnv
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
@@ -45,10 +46,10 @@ __all__ = [
     "state_dicts",
 ]
 
-ENV = "AIR_CHECKPOINT_SNAPSHOT"
+ENV = WorkerEnv.env_name("checkpoint_snapshot")
 #: The writer's process name (/proc/<pid>/comm, psutil's name()). It shares its trainer's
 #: environment and command line (RANK, AIR_JOB_ID), like a DataLoader worker: a rank is
-#: found as its supervisor's child (`air_sdk.runner.backends.local.rank_processes`).
+#: the NodeRunner's own child (`air_sdk.runner.node`), so the writer is never taken for one.
 WRITER_NAME = "air-ckpt-writer"
 MODES = ("copy", "fork", "auto")
 _EXIT_OK, _EXIT_ERROR, _EXIT_UNREPORTED = 0, 1, 2

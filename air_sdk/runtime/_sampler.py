@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from air_sdk.runtime._shipper import MetricsShipper
+from air_sdk.schema.worker_env import WorkerEnv
 
 DEFAULT_INTERVAL_S = 2.0
 
@@ -81,7 +82,7 @@ class DeviceSampler:
                 continue
 
     def _open_gpus(self) -> None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = os.environ.get(WorkerEnv.env_name("cuda_visible_devices"))
         if visible is not None and not visible.strip():
             return  # a CPU job: the placement gave this node no GPU
         try:

@@ -39,6 +39,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from air_sdk.schema.worker_env import WorkerEnv
+
 __all__ = [
     "FLOPS_PER_STEP",
     "MFU",
@@ -55,10 +57,10 @@ TOKENS_PER_S = "tokens_per_s"
 MFU = "mfu"
 FLOPS_PER_STEP = "flops_per_step"
 
-PEAK_FLOPS_ENV = "AIR_PEAK_FLOPS"
-FLOPS_PER_TOKEN_ENV = "AIR_FLOPS_PER_TOKEN"  # = air_sdk.schema.spec.FLOPS_PER_TOKEN_ENV
-MFU_DTYPE_ENV = "AIR_MFU_DTYPE"
-COUNT_FLOPS_ENV = "AIR_COUNT_FLOPS"
+PEAK_FLOPS_ENV = WorkerEnv.env_name("peak_flops")
+FLOPS_PER_TOKEN_ENV = WorkerEnv.env_name("flops_per_token")
+MFU_DTYPE_ENV = WorkerEnv.env_name("mfu_dtype")
+COUNT_FLOPS_ENV = WorkerEnv.env_name("count_flops")
 
 
 class ThroughputMeter:
@@ -215,7 +217,7 @@ def _float_env(env: Mapping[str, str], name: str) -> float | None:
 
 
 def _non_data_parallel(env: Mapping[str, str]) -> int:
-    raw = env.get("AIR_PARALLELISM")
+    raw = env.get(WorkerEnv.env_name("parallelism"))
     if not raw:
         return 1
     try:
@@ -255,7 +257,7 @@ def meter_from_env(env: Mapping[str, str] | None = None) -> ThroughputMeter:
         2
     """
     env = os.environ if env is None else env
-    world = int(env.get("WORLD_SIZE") or 1)
+    world = int(env.get(WorkerEnv.env_name("world_size")) or 1)
     non_dp = _non_data_parallel(env)
     if world % non_dp:
         non_dp = 1

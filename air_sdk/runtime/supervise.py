@@ -3,15 +3,21 @@
     python -m torch.distributed.run ... -m air_sdk.runtime.supervise [--] SCRIPT [ARGS...]
     python -m air_sdk.runtime.supervise -m MODULE [ARGS...]
 
-It runs `python -u SCRIPT ARGS...` as its child with the same env, prefixes each
-output line with `[rank N] `, ships the lines to the gateway, forwards SIGTERM and
-SIGINT, and when the child ends reports a `RankExit` (exit code or signal, OOM
-kill, the last 50 lines) to the gateway and to `$AIR_ATTEMPT_DIR/exits/rank-N.json`,
-then exits with the child's code (128 + signal number for a signal death).
-Parent-death signals tie the three generations together: if the torchrun agent
-dies the supervisor dies, and if the supervisor dies its child dies.
+For launchers AIR does not run itself (a Kubeflow TrainJob's torchrun, see
+`air_sdk.render.k8s`). It runs `python -u SCRIPT ARGS...` as its child with the same
+env, prefixes each output line with `[rank N] `, ships the lines to the gateway,
+forwards SIGTERM and SIGINT, and when the child ends reports a `RankExit` (exit
+code or signal, OOM kill, the last 50 lines) to the gateway and to
+`$AIR_ATTEMPT_DIR/exits/rank-N.json`, then exits with the child's code (128 +
+signal number for a signal death). Parent-death signals tie the generations
+together: if the launcher dies the supervisor dies, and if the supervisor dies its
+child dies.
 
-It never imports torch: it starts before every rank and must stay light.
+AIR's own backends start ranks with a NodeRunner (`air_sdk.runner.node`), which
+supervises every rank of its node itself with the same functions: `pump_output`,
+`rank_exit`, `write_exit_record`, `oom_kill_count`.
+
+It never imports torch.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime._context import context
@@ -34,14 +40,22 @@ from air_sdk.runtime._flight_recorder import trace_env
 from air_sdk.runtime._rank_main import python_argv
 
 if TYPE_CHECKING:
-    from air_sdk.runtime._shipper import MetricsShipper
     from air_sdk.schema.events import RankExit
 
 # The same limit as air_sdk.schema.events.MAX_LOG_LINE_CHARS (a test keeps them equal);
-# not imported from there because pydantic would then load before the rank starts.
+# not imported from there: the events module is loaded only once a rank has started.
 MAX_LOG_LINE_CHARS = 16_384
 
-__all__ = ["TAIL_LINES", "main", "set_parent_death_signal"]
+__all__ = [
+    "TAIL_LINES",
+    "main",
+    "oom_kill_count",
+    "pump_output",
+    "rank_exit",
+    "sample_interval_s",
+    "set_parent_death_signal",
+    "write_exit_record",
+]
 
 TAIL_LINES = 50
 _FORWARDED = {signal.SIGTERM, signal.SIGINT}
@@ -129,27 +143,45 @@ class _SignalForwarder:
             child.send_signal(signum)
 
 
+def _run_id_name() -> str:
+    from air_sdk.schema.worker_env import WorkerEnv  # only once a signal came
+
+    return WorkerEnv.env_name("run_id")
+
+
 def _reached_child_directly(info: Any) -> bool:
     if info.si_code == _SI_KERNEL:  # terminal signals go to the whole foreground group
         return True
     # A torchelastic agent starts each worker in a new session and stops it with killpg.
     return (
-        "TORCHELASTIC_RUN_ID" in os.environ
-        and info.si_pid == os.getppid()
-        and os.getpgrp() == os.getpid()
+        _run_id_name() in os.environ and info.si_pid == os.getppid() and os.getpgrp() == os.getpid()
     )
 
 
-def _pump(
+class LineSink(Protocol):
+    """Where output lines go besides the log: a `MetricsShipper`, or anything with its
+    `add_line`."""
+
+    def add_line(self, line: str) -> None: ...
+
+
+def pump_output(
     stream: IO[bytes],
     rank: int,
     tail: deque[str],
     tail_lock: threading.Lock,
-    shipper: MetricsShipper,
+    shipper: LineSink,
+    out: IO[bytes] | None = None,
 ) -> None:
-    """Copy the child's output line by line: prefixed to stdout, into the tail, to the gateway."""
+    """Copy a rank's output line by line: prefixed `[rank N] ` to `out` (default: this
+    process's stdout), into `tail` and to the gateway. Returns at EOF.
+
+    Example:
+        >>> pump_output(io.BytesIO(b"hi\\n"), 0, deque(), threading.Lock(), shipper)  # doctest: +SKIP
+    """
     prefix = f"[rank {rank}] "
-    out: IO[bytes] | None = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        out = getattr(sys.stdout, "buffer", None)
     cut = False  # inside an over-long line whose kept part was already handled
     while raw := stream.readline(_READ_LIMIT):
         complete = raw.endswith(b"\n")
@@ -170,7 +202,7 @@ def _pump(
                 out = None
 
 
-def _oom_kill_count() -> int | None:
+def oom_kill_count() -> int | None:
     """The cgroup's `oom_kill` counter (v2 memory.events, v1 memory.oom_control), if readable."""
     try:
         entries = Path("/proc/self/cgroup").read_text().splitlines()
@@ -196,9 +228,11 @@ def _oom_kill_count() -> int | None:
     return None
 
 
-def _rank_exit(
+def rank_exit(
     rank: int, returncode: int, tail: list[str], oom_before: int | None, node: str | None = None
 ) -> RankExit:
+    """How a rank ended (`returncode` as Popen gives it: negative for a signal), with an
+    OOM kill told apart from another SIGKILL by the cgroup's counter."""
     from air_sdk.schema.events import RankExit
 
     if returncode >= 0:
@@ -208,15 +242,20 @@ def _rank_exit(
         name = signal.Signals(signum).name
     except ValueError:
         name = f"SIG{signum}"
-    oom_after = _oom_kill_count() if signum == signal.SIGKILL else None
+    oom_after = oom_kill_count() if signum == signal.SIGKILL else None
     oom = oom_before is not None and oom_after is not None and oom_after > oom_before
     return RankExit(rank=rank, node=node, exit_code=None, signal=name, oom_killed=oom, tail=tail)
 
 
-def _sample_interval_s() -> float:
+def sample_interval_s(env: Mapping[str, str]) -> float:
     """Seconds between device samples: `AIR_SAMPLE_INTERVAL_S` (0 turns sampling off),
-    default 2 (what `_sampler.DEFAULT_INTERVAL_S` says; not imported: psutil is heavy)."""
-    raw = os.environ.get("AIR_SAMPLE_INTERVAL_S", "")
+    default 2 (what `_sampler.DEFAULT_INTERVAL_S` says; not imported: psutil is heavy).
+
+    Example:
+        >>> sample_interval_s({}), sample_interval_s({"AIR_SAMPLE_INTERVAL_S": "0"})
+        (2.0, 0.0)
+    """
+    raw = env.get("AIR_SAMPLE_INTERVAL_S", "")
     try:
         value = float(raw) if raw else 2.0
     except ValueError:
@@ -225,9 +264,9 @@ def _sample_interval_s() -> float:
     return max(value, 0.0)
 
 
-def _write_exit_file(rank_exit: RankExit) -> None:
-    """Atomically write `$AIR_ATTEMPT_DIR/exits/rank-N.json` for the local runner."""
-    attempt_dir = os.environ.get("AIR_ATTEMPT_DIR")
+def write_exit_record(rank_exit: RankExit, attempt_dir: str | None) -> None:
+    """Atomically write `ATTEMPT_DIR/exits/rank-N.json`, which the runner reads (even
+    when the gateway was unreachable); nothing without an attempt directory."""
     if not attempt_dir:
         return
     folder = Path(attempt_dir) / "exits"
@@ -265,16 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parent = os.getppid()
     if set_parent_death_signal() and os.getppid() != parent:
         return 128 + signal.SIGKILL  # the agent died while we started
-    try:
-        ctx = context()
-        rank = ctx.rank
-    except ConfigError as exc:
-        print(f"air: {exc}", file=sys.stderr)
-        return 2
-
     forwarder = _SignalForwarder()
     forwarder.install()
-    oom_before = _oom_kill_count()
+    oom_before = oom_kill_count()
     child = subprocess.Popen(
         command,
         # trace_env: torch's flight recorder for GPU jobs, so a hang can name its rank
@@ -285,14 +317,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         preexec_fn=_child_preexec(os.getpid(), forwarder.uses_mask),
     )
     forwarder.start(child)
-    # Loaded only now, while the rank starts: requests, tenacity and pydantic cost
-    # about 0.25 s, which would otherwise delay every launch.
+    # Read only now, while the rank starts: the env contract's model, requests,
+    # tenacity and pydantic cost about 0.25 s, which would otherwise delay every launch.
+    try:
+        ctx = context()
+        rank = ctx.rank
+    except ConfigError as exc:
+        child.kill()
+        child.wait()
+        print(f"air: {exc}", file=sys.stderr)
+        return 2
     from air_sdk.runtime._shipper import shipper_from_env
+    from air_sdk.schema.worker_env import WorkerEnv
 
     shipper = shipper_from_env(flush_interval=0.25)  # threads only after the fork
     shipper.heartbeat()  # the rank is up: the runner marks the job RUNNING once all are
     sampler = None
-    interval = _sample_interval_s()
+    interval = sample_interval_s(os.environ)
     if ctx.local_rank == 0 and shipper.enabled and interval:  # one sampler per node
         from air_sdk.runtime._sampler import DeviceSampler
 
@@ -302,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tail_lock = threading.Lock()
     assert child.stdout is not None
     pump = threading.Thread(
-        target=_pump,
+        target=pump_output,
         args=(child.stdout, rank, tail, tail_lock, shipper),
         name="air-output",
         daemon=True,
@@ -313,10 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     pump.join(_DRAIN_AFTER_EXIT_S)
     with tail_lock:
         last_lines = list(tail)
-    rank_exit = _rank_exit(rank, returncode, last_lines, oom_before, ctx.node_name or None)
-    rank_exit = rank_exit.model_copy(update={"ended_at": ended_at})
-    _write_exit_file(rank_exit)  # first: the local runner reads it even if posting fails
-    shipper.report_exit(rank_exit)
+    ended = rank_exit(rank, returncode, last_lines, oom_before, ctx.node_name or None)
+    ended = ended.model_copy(update={"ended_at": ended_at})
+    # first: the runner reads it even if posting fails
+    write_exit_record(ended, os.environ.get(WorkerEnv.env_name("attempt_dir")))
+    shipper.report_exit(ended)
     if sampler is not None:
         sampler.stop()
     shipper.close(timeout=_FINAL_FLUSH_S)

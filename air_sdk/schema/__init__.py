@@ -67,6 +67,7 @@ from air_sdk.schema.spec import (
     Resources,
 )
 from air_sdk.schema.state import TERMINAL_STATES, JobState
+from air_sdk.schema.worker_env import WorkerEnv
 
 __all__ = [
     "API_VERSION",
@@ -130,5 +131,6 @@ __all__ = [
     "TokenInfo",
     "TokenList",
     "UtilBatch",
+    "WorkerEnv",
     "WorkerReport",
 ]

@@ -18,29 +18,10 @@ from air_sdk.schema.names import (
     json_pattern,
     shown,
 )
+from air_sdk.schema.worker_env import AIR_ENV_PREFIX, RESERVED_ENV, USER_AIR_ENV, WorkerEnv
 
 API_VERSION = "air/v1"
 
-#: Env names the runtime owns; a user may not set them.
-RESERVED_ENV = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RESTART_COUNT",
-        "CUDA_VISIBLE_DEVICES",
-    }
-)
-#: AIR_* variables a job may set itself: switches and knobs of the worker runtime, not
-#: its contract (`AIR_AUTOLOG=0` turns autolog off; `AIR_PEAK_FLOPS` for a GPU the
-#: device table lacks, see air_sdk.runtime._throughput)
-USER_AIR_ENV = frozenset(
-    {"AIR_AUTOLOG", "AIR_PEAK_FLOPS", "AIR_MFU_DTYPE", "AIR_COUNT_FLOPS", "AIR_SAMPLE_INTERVAL_S"}
-)
 #: a module for `python -m` (matched whole: fullmatch)
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -93,9 +74,9 @@ class Resources(_Frozen):
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 #: The env var that carries the resolved layout to every rank (JSON of `Parallelism`).
-PARALLELISM_ENV = "AIR_PARALLELISM"
+PARALLELISM_ENV = WorkerEnv.env_name("parallelism")
 #: Training FLOPs per token of `JobSpec.model` (the planner's count), for the runtime's MFU.
-FLOPS_PER_TOKEN_ENV = "AIR_FLOPS_PER_TOKEN"
+FLOPS_PER_TOKEN_ENV = WorkerEnv.env_name("flops_per_token")
 
 
 class Parallelism(_Frozen):
@@ -457,7 +438,7 @@ class JobSpec(_Frozen):
                     f"env name {shown(k)} is not a valid variable name: letters, digits"
                     " and '_', not starting with a digit"
                 )
-            if k in RESERVED_ENV or (k.startswith("AIR_") and k not in USER_AIR_ENV):
+            if k in RESERVED_ENV or (k.startswith(AIR_ENV_PREFIX) and k not in USER_AIR_ENV):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
                 raise ValueError(f"env {k} is over {MAX_ARG_CHARS} characters or holds a NUL")

@@ -19,7 +19,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from airtest import no_processes_left, wait_for
+from airtest import job_processes, no_processes_left, wait_for
 from monitor_page import (
     CANCEL,
     PROGRESS_BAR,
@@ -33,7 +33,6 @@ from monitor_page import (
 from notebook_env import REPO
 
 from air_sdk.gateway.server import running_gateway
-from air_sdk.runner.backends.local import job_processes
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ from airtest import no_processes_left, rank_pid, stop_gateway_and_its_jobs, wait
 from air_sdk.client import Client
 from air_sdk.gateway.server import GatewayOptions, start_detached
 from air_sdk.runner.backends.local import free_port
-from air_sdk.runner.backends.ray import _reload_ray_config
+from air_sdk.runner.backends.ray_connect import reload_ray_config
 from air_sdk.schema import JobSpec, JobState, Resources
 
 ray = pytest.importorskip("ray", reason="the Ray backend needs `pip install air-runtime[ray]`")
@@ -119,7 +119,7 @@ def world() -> Iterator[RayWorld]:
         env.setenv("AIR_RAY_STORAGE", str(storage))
         env.setenv("OMP_NUM_THREADS", "1")
         env.delenv("RAY_ADDRESS", raising=False)
-        _reload_ray_config()  # this process imported Ray before the env above was set
+        reload_ray_config()  # this process imported Ray before the env above was set
         cluster = Cluster(
             initialize_head=True,
             head_node_args={

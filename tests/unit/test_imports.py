@@ -42,10 +42,12 @@ RULES: dict[str, Rule] = {
     # the wire contract: pydantic only
     "schema": rule("schema", never=f"{SERVER} torch requests typer rich {NOTEBOOK_UI}"),
     "errors": rule(never=f"{SERVER} torch requests pydantic"),
-    "config": rule("errors", never=f"{SERVER} torch requests"),
+    # the URL ranks report to, read lazily through the rank's env contract
+    "config": rule("errors", lazily="schema.worker_env", never=f"{SERVER} torch requests"),
     "gateway_config": rule("config errors", never=f"{SERVER} torch requests"),
     "redact": rule("", never=f"{SERVER} torch requests"),
     "text": rule("", never=f"{SERVER} torch requests pydantic"),
+    "procs": rule("", never=f"{SERVER} torch requests pydantic"),
     "bundle": rule("errors", never=f"{SERVER} torch requests"),
     # pure decisions: no HTTP, SQL or torch
     "scheduler": rule("schema errors text", never=f"{SERVER} torch requests"),
@@ -55,19 +57,19 @@ RULES: dict[str, Rule] = {
         "runtime schema errors", lazily="planner", never=f"{SERVER} typer {NOTEBOOK_UI}"
     ),
     "runner": rule(
-        "runner scheduler store schema errors redact text _agent runtime planner",
+        "runner scheduler store schema errors redact text procs runtime planner",
         lazily="bundle",
         never=f"fastapi starlette uvicorn requests {NOTEBOOK_UI}",
     ),
     # the HTTP face may use everything below it; of the client only the local-gateway helper
     "gateway": rule(
         "gateway runner store scheduler schema bundle redact errors config gateway_config"
-        " client.local_gateway client.ports planner",
+        " client.local_gateway client.ports planner procs",
         never=f"torch typer {NOTEBOOK_UI}",
     ),
     # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()
     "client": rule(
-        "client schema errors config gateway_config bundle text",
+        "client schema errors config gateway_config bundle text procs",
         lazily="notebook.monitor",
         never=f"{SERVER} torch typer rich {NOTEBOOK_UI}",
     ),
@@ -89,7 +91,6 @@ RULES: dict[str, Rule] = {
     "planner": rule("planner schema", never=f"{SERVER} torch requests {NOTEBOOK_UI}"),
     "manifests": rule("manifests schema errors redact", never=f"{SERVER} torch kubernetes"),
     "examples": rule("runtime", never=SERVER),
-    "_agent": rule("", never=SERVER),
     "__init__": rule("errors", lazily="client schema planner notebook.function"),
     # thin: parse, call the client or the notebook helpers; never the gateway
     "magics": rule("client notebook schema errors config", never=f"{SERVER} torch typer"),

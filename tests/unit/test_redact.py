@@ -16,6 +16,7 @@ from air_sdk.redact import (
     redact_env,
     secret_values,
 )
+from air_sdk.schema.worker_env import RESERVED_ENV
 from air_sdk.store.auth import new_token
 
 #: names every part of AIR must treat as secret: the union of the three lists AIR had
@@ -46,7 +47,9 @@ def test_ordinary_names_are_not(name):
     assert not is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", SECRET_NAMES + ORDINARY_NAMES)
+@pytest.mark.parametrize(
+    "name", SECRET_NAMES + [n for n in ORDINARY_NAMES if n not in RESERVED_ENV]
+)  # PWD is AIR's to set (the rank's working directory), so no job's env holds it
 def test_every_part_of_air_follows_the_one_rule(name, monkeypatch, tmp_path):
     """The store, the Kubernetes renderer and the notebook capture each decide on their
     own whether an env var is secret; they must agree with `is_secret_name`."""

@@ -1,7 +1,9 @@
 """The backend seam: how an attempt's nodes are started, watched and stopped.
 
-A backend knows processes (or actors); it knows nothing of job states, restarts
-or the store. The controller asks it to `launch`, `poll` and `terminate`.
+A backend knows where NodeRunners live (`air_sdk.runner.node`: a process per job
+and virtual node locally, one inside each node actor on Ray); it knows nothing of
+job states, restarts or the store. The controller asks it to `launch`, `poll` and
+`terminate`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from air_sdk.scheduler import NodeSpec
-from air_sdk.schema import JobSpec, Placement
+from air_sdk.schema import JobSpec, Placement, WorkerEnv
 
 
 @dataclass(frozen=True)
@@ -24,12 +26,18 @@ class LaunchRequest:
     placement: Placement
     #: unpacked job code; the working directory of every rank
     code_dir: Path
-    #: per-attempt scratch: agent logs, rank exit records
+    #: per-attempt scratch: node logs and records, rank exit records
     attempt_dir: Path
     #: the entrypoint, relative to code_dir, or "-m MODULE" (`program_argv` splits it)
     entrypoint: str
-    #: env contract values the backend adds to (AIR_JOB_ID, AIR_ATTEMPT, AIR_JOB_TOKEN, ...)
-    env: dict[str, str] = field(default_factory=dict)
+    #: the env contract every rank of the attempt shares (AIR_JOB_ID, AIR_ATTEMPT,
+    #: AIR_JOB_TOKEN, ...); the backend adds each node's and rank's part
+    worker: WorkerEnv = field(default_factory=WorkerEnv)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """`worker` as variables."""
+        return self.worker.to_env()
 
 
 #: how an entrypoint says "run this module" (`python -m`)
@@ -106,5 +114,5 @@ class Backend(Protocol):
         ...
 
     def node_log_tail(self, handle: AttemptHandle, node: str, num_lines: int = 20) -> list[str]:
-        """The last lines the node's launcher printed (rendezvous errors land here)."""
+        """The last lines of the node's log: its ranks' output and its NodeRunner's notes."""
         ...

@@ -1,62 +1,56 @@
-"""Local backend: every node of a placement is a torch elastic agent on this host.
+"""Local backend: every node of a placement is a NodeRunner process on this host.
 
-Each node runs a torchrun agent with c10d rendezvous on 127.0.0.1, in its own
-session, so a 2-node job on one machine takes exactly the code path two machines
-would. The agent is `python -m air_sdk._agent`: torchrun, polling its local
-rendezvous every 50 ms instead of every second. Every rank runs under `air_sdk.runtime.supervise`,
-which captures its output and records how it ended.
+A job's first launch on a virtual node starts `python -m air_sdk.runner.node` for
+it (`air_sdk.runner.node.process`), in a session of its own; the job's later
+attempts on that node go to the same process, whose warm interpreters (torch
+already imported) become their ranks. The NodeRunner starts the node's ranks with
+the env contract (`air_sdk.schema.WorkerEnv`): RANK, WORLD_SIZE and
+MASTER_ADDR/PORT come from the placement (rank 0's port is picked here), so there
+is no rendezvous. A 2-node job on one machine takes the code path two machines
+would: each node's ranks only meet in `init_process_group` on 127.0.0.1.
 
-torchrun starts workers in their own sessions, so killing an agent's process
-group can orphan them. Teardown therefore kills the whole tree: the agent's
-descendants as seen before the kill, plus every process whose environment
-carries this job's AIR_JOB_ID and attempt (a sweep that also finds re-parented
-orphans), and the supervisor puts a parent-death signal on every rank.
+Everything the gateway knows of a node it reads from the node's records
+(`records.py`: pids with their start times, exit codes, the node's verdict), so a
+gateway that was SIGKILLed and restarted re-attaches to a running attempt by
+reading them: no scan of the host's processes. Teardown asks each NodeRunner to
+stop its attempt (SIGTERM to every rank's process group, SIGKILL after the grace to
+everything below it) and, should one not answer, kills what its record names.
 
-A restart would pay a fresh interpreter and `import torch` per node (about 2 s
-here) where torchrun's own restarts reuse a live agent, so the backend keeps a
-pool of warm agents (`_warm.py`): processes that already imported torchrun and
-wait for an agent's command. `launch` takes a ready one per node when there is
-one, else starts a cold agent, and a replacement starts warming at once. A warm
-agent shows its attempt's environment and command line in /proc like a cold one
-(the sweep and `attach` find it the same way), and its pid is tracked explicitly
-besides. `AIR_WARM_AGENTS=N` sets the pool size (default: one per virtual node,
-at most 4; 0 turns it off).
+`AIR_WARM_RANKS=0` in the gateway's environment turns warm interpreters off
+(every attempt starts its ranks cold); they need Linux.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
+import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-from air_sdk._agent import MODULE as AGENT_MODULE
-from air_sdk._agent import is_agent
 from air_sdk.errors import ConfigError
-from air_sdk.runner.backends._warm import WarmAgentPool
-from air_sdk.runner.backends.base import LaunchRequest, NodeStatus, program_argv
+from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
-from air_sdk.runtime._failure_save import MARKER_DIR
+from air_sdk.runner.node import _procs
+from air_sdk.runner.node.env import allowed_env
+from air_sdk.runner.node.plan import plan_node
+from air_sdk.runner.node.process import NodeProcess, attempt_record_path
+from air_sdk.runner.node.records import AttemptRecord, failure_marks, log_tail, read_json
 from air_sdk.scheduler import NodeSpec
+from air_sdk.schema import WorkerEnv
 
 log = logging.getLogger(__name__)
 
-#: the env var that sizes the warm agent pool (0: off)
-WARM_AGENTS_ENV = "AIR_WARM_AGENTS"
-#: the default pool is one warm agent per virtual node, but never more than this
-MAX_DEFAULT_WARM_AGENTS = 4
-#: an explicit size above this is refused (each idle one holds ~230 MB)
-MAX_WARM_AGENTS = 16
+#: the env var that turns warm interpreters off ("0") or on ("1", the default)
+WARM_RANKS_ENV = "AIR_WARM_RANKS"
+#: how long a stop may take beyond its grace before the backend kills what is left
+STOP_SLACK_S = 15.0
+#: how long `release` waits for a job's NodeRunners to leave
+RELEASE_WAIT_S = 10.0
 
 
 def free_port() -> int:
@@ -65,86 +59,54 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def warm_agent_count(requested: int | None, num_nodes: int) -> int:
-    """The warm pool's size: `requested`, else $AIR_WARM_AGENTS, else one per node (at
-    most 4). Warm agents need Linux (/proc, parent-death signals): 0 elsewhere.
+def warm_ranks_enabled(requested: bool | None = None) -> bool:
+    """Whether NodeRunners keep warm interpreters: `requested`, else $AIR_WARM_RANKS
+    ("1" by default, "0" off). They need Linux (parent-death signals, /proc).
 
     Example:
-        >>> warm_agent_count(0, 2)  # off
-        0
+        >>> warm_ranks_enabled(False)
+        False
     """
     if not sys.platform.startswith("linux"):
-        return 0
-    if requested is None:
-        raw = os.environ.get(WARM_AGENTS_ENV, "").strip()
-        if not raw:
-            return min(num_nodes, MAX_DEFAULT_WARM_AGENTS)
-        try:
-            requested = int(raw)
-        except ValueError:
-            requested = -1
-        if not 0 <= requested <= MAX_WARM_AGENTS:
-            raise ConfigError(
-                f"{WARM_AGENTS_ENV}={raw!r}: give a whole number of warm agents from 0 (off)"
-                f" to {MAX_WARM_AGENTS}"
-            )
-    if not 0 <= requested <= MAX_WARM_AGENTS:
-        raise ConfigError(f"warm_agents={requested}: give 0 (off) to {MAX_WARM_AGENTS}")
-    return requested
+        return False
+    if requested is not None:
+        return requested
+    raw = os.environ.get(WARM_RANKS_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{WARM_RANKS_ENV}={raw!r}: give 1 (warm interpreters, the default) or 0")
+    return raw != "0"
 
 
 @dataclass
 class _Node:
     name: str
-    #: the agent; None when re-attached after a gateway restart (not our child then)
-    proc: subprocess.Popen[bytes] | None
+    process: NodeProcess
+    record_path: Path
     log_path: Path
-    #: every pid ever seen under this agent; teardown kills them all
-    pids: set[int] = field(default_factory=set)
-    agent_pid: int = 0
-    ranks_per_node: int = 1
-    tree_seen: float = -1e9
-    #: the agent's start time (psutil), to tell it from a later process with its pid
-    agent_created: float = 0.0
 
-    def exit_code(self, attempt_dir: Path) -> int | None:
-        """The agent's exit code; for an adopted agent (not our child, so no wait
-        status) 0 when every rank of this node left a successful exit record, else 1."""
-        if self.proc is not None:
-            return self.proc.poll()
-        if _proc(self.agent_pid) is not None:
+    def record(self) -> AttemptRecord | None:
+        data = read_json(self.record_path)
+        try:
+            return AttemptRecord.from_dict(data) if isinstance(data, dict) else None
+        except (TypeError, ValueError):
             return None
-        ok = 0
-        for f in (attempt_dir / "exits").glob("rank-*.json"):
-            try:
-                record = json.loads(f.read_text())
-            except (OSError, ValueError):
-                continue
-            if record.get("node") == self.name and record.get("exit_code") == 0:
-                ok += 1
-        return 0 if ok >= self.ranks_per_node else 1
 
 
 @dataclass
 class LocalAttempt:
     job_id: str
     attempt: int
-    rdzv_port: int
-    nodes: list[_Node]
     attempt_dir: Path
+    nodes: list[_Node]
 
 
 class LocalBackend:
-    """Virtual nodes on this machine, each a torchrun agent.
-
-    The warm agent pool starts filling at the first `launch` (or `attach`); `close()`
-    kills its idle processes (running jobs are left running).
+    """Virtual nodes on this machine, each job's node a NodeRunner process.
 
     Example:
         >>> backend = LocalBackend(num_nodes=2, slots_per_node=1)
         >>> [n.name for n in backend.inventory()]
         ['node-0', 'node-1']
-        >>> backend.close()
     """
 
     name = "local"
@@ -155,326 +117,235 @@ class LocalBackend:
         slots_per_node: int | None = None,
         *,
         nodes: list[NodeSpec] | None = None,
-        warm_agents: int | None = None,
+        warm: bool | None = None,
     ) -> None:
         self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
-        size = warm_agent_count(warm_agents, len(self._nodes))
-        self.warm_pool: WarmAgentPool | None = (
-            WarmAgentPool(size, agent_base_env) if size > 0 else None
-        )
+        self.warm = warm_ranks_enabled(warm)
+        self._lock = threading.Lock()
+        #: job id -> the directory of its NodeRunners (jobs/<id>/nodes)
+        self._jobs: dict[str, Path] = {}
+        #: the NodeRunner processes this gateway started, by node directory
+        self._started: dict[Path, NodeProcess] = {}
 
     def inventory(self) -> list[NodeSpec]:
         return list(self._nodes)
 
     def close(self) -> None:
-        """Kill the idle warm agents and stop warming new ones. Attempts keep running."""
-        if self.warm_pool is not None:
-            self.warm_pool.close()
+        """Nothing to stop: a NodeRunner outlives its gateway, and leaves on its own
+        once its job has no attempt to run."""
+
+    # -- launch ----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> LocalAttempt:
-        spec = request.spec
-        placement = request.placement
-        port = free_port()
-        request.attempt_dir.mkdir(parents=True, exist_ok=True)
-        attempt = LocalAttempt(request.job_id, request.attempt, port, [], request.attempt_dir)
-        ranks_per_node = spec.resources.ranks_per_node
-        if self.warm_pool is not None:
-            self.warm_pool.start()
-        for assignment in placement.nodes:
-            env = agent_base_env(spec.env)
-            env.update(request.env)
-            env.update(
-                {
-                    "AIR_NODE_NAME": assignment.node,
-                    "AIR_ATTEMPT_DIR": str(request.attempt_dir),
-                    "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in assignment.gpus),
-                }
+        spec, placement = request.spec, request.placement
+        job_nodes = _job_nodes(request.attempt_dir)
+        with self._lock:
+            self._jobs[request.job_id] = job_nodes
+        placed = {a.node for a in placement.nodes}
+        for leftover in sorted(job_nodes.glob("*")):  # the job moved off these nodes
+            if leftover.name not in placed:
+                self._leave(leftover)
+        master = ("127.0.0.1", free_port())
+        attempt = LocalAttempt(request.job_id, request.attempt, request.attempt_dir, [])
+        for index, assignment in enumerate(placement.nodes):
+            log_path = request.attempt_dir / "nodes" / f"{assignment.node}.log"
+            launch = plan_node(
+                worker=request.worker,
+                spec=spec,
+                node=assignment.node,
+                group_rank=index,
+                num_nodes=len(placement.nodes),
+                entrypoint=request.entrypoint,
+                cwd=str(request.code_dir),
+                attempt_dir=str(request.attempt_dir),
+                log_path=str(log_path),
+                master=master,
+                cuda_visible_devices=",".join(str(g) for g in assignment.gpus),
+                loopback=True,
+                warm=self.warm,
             )
-            cmd = [
-                sys.executable,
-                "-m",
-                AGENT_MODULE,  # torchrun, polling its local rendezvous every 50 ms
-                f"--nnodes={len(placement.nodes)}",
-                f"--nproc-per-node={ranks_per_node}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                f"--rdzv-id={request.job_id}-{request.attempt}",
-                "--local-addr=127.0.0.1",
-                "--max-restarts=0",
-                "--monitor-interval=0.1",
-                "-m",
-                "air_sdk.runtime.supervise",
-                *program_argv(request.entrypoint),
-                *spec.args,
-            ]
-            log_path = request.attempt_dir / f"{assignment.node}.agent.log"
-            proc = self._start_agent(cmd, env, request.code_dir, log_path)
-            node = _Node(assignment.node, proc, log_path, {proc.pid}, proc.pid, ranks_per_node)
-            node.agent_created = _create_time(proc.pid)
-            attempt.nodes.append(node)
+            node_dir = job_nodes / assignment.node
+            process = self._kept(node_dir)
+            if process is not None:
+                process.send("launch", launch=launch)
+            else:
+                env = self._process_env(request.job_id, assignment.node)
+                process = NodeProcess.start(
+                    node_dir, request.job_id, assignment.node, env, first=launch
+                )
+                with self._lock:
+                    self._started[node_dir] = process
+            record_path = attempt_record_path(request.attempt_dir, assignment.node)
+            attempt.nodes.append(_Node(assignment.node, process, record_path, log_path))
         return attempt
 
-    def _start_agent(
-        self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path
-    ) -> subprocess.Popen[bytes]:
-        """A warm agent when a ready one fits, else a cold one."""
-        if self.warm_pool is not None:
-            agent = self.warm_pool.take(env)
-            if agent is not None and agent.launch(cmd, env, str(cwd), str(log_path)):
-                log.debug("%s: warm agent %d", env.get("AIR_NODE_NAME"), agent.pid)
-                return agent.proc
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return proc
+    def _kept(self, node_dir: Path) -> NodeProcess | None:
+        """The job's NodeRunner of this node, if one runs (from an earlier attempt)."""
+        with self._lock:
+            started = self._started.get(node_dir)
+        if started is not None and started.alive():
+            return started
+        return NodeProcess.find(node_dir)
+
+    @staticmethod
+    def _process_env(job_id: str, node: str) -> dict[str, str]:
+        """A NodeRunner process's environment, which its ranks start from: the gateway's
+        allowed part (`air_sdk.runner.node.env`), this air_sdk on the import path, and
+        the job and node it serves (so `ps e` shows whose it is)."""
+        env = allowed_env(os.environ)
+        import air_sdk
+
+        root = str(Path(air_sdk.__file__).resolve().parents[1])
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if root not in path and root not in sys.path[1:]:
+            env["PYTHONPATH"] = os.pathsep.join([root, *path])
+        env[WorkerEnv.env_name("job_id")] = job_id
+        env[WorkerEnv.env_name("node_name")] = node
+        return env
 
     def attach(
         self, job_id: str, attempt: int, attempt_dir: Path, ranks_per_node: int
     ) -> LocalAttempt | None:
-        """Adopt the agents of an attempt that outlived a previous gateway, found by the
-        AIR_JOB_ID/AIR_ATTEMPT in their environment; None when none is left."""
-        if self.warm_pool is not None:  # its next restart should find warm agents
-            self.warm_pool.start()
-        nodes: dict[str, _Node] = {}
-        for pid in sorted(job_processes(job_id, attempt)):
-            p = _proc(pid)
-            if p is None:
-                continue
+        """Adopt an attempt whose NodeRunners outlived a previous gateway, found by the
+        records they keep; None when none of them runs any more."""
+        job_nodes = _job_nodes(attempt_dir)
+        nodes = []
+        for path in sorted((attempt_dir / "nodes").glob("*.json")):
+            data = read_json(path)
             try:
-                cmdline, env = p.cmdline(), p.environ()
-            except psutil.Error:
+                record = AttemptRecord.from_dict(data) if isinstance(data, dict) else None
+            except (TypeError, ValueError):
+                record = None
+            if record is None or record.job_id != job_id or record.attempt != attempt:
                 continue
-            if not is_agent(cmdline):
-                continue  # a supervisor or a rank: found again under its agent
-            name = env.get("AIR_NODE_NAME", f"pid-{pid}")
-            node = _Node(name, None, attempt_dir / f"{name}.agent.log", {pid}, pid, ranks_per_node)
-            node.agent_created = _create_time(pid)
-            self._remember_tree(node, every_s=0)
-            nodes[name] = node
-        if not nodes:
+            process = NodeProcess(
+                job_nodes / record.node, record.runner_pid, record.runner_create_time
+            )
+            log_path = attempt_dir / "nodes" / f"{record.node}.log"
+            nodes.append(_Node(record.node, process, path, log_path))
+        if not any(n.process.alive() for n in nodes):
             return None
-        return LocalAttempt(job_id, attempt, 0, list(nodes.values()), attempt_dir)
+        with self._lock:
+            self._jobs[job_id] = job_nodes
+        return LocalAttempt(job_id, attempt, attempt_dir, nodes)
 
-    def rank_stacks(self, handle: LocalAttempt) -> dict[int, str]:
-        """Every rank's Python stack, by rank (py-spy, which also reads stopped processes)."""
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        stacks: dict[int, str] = {}
-        for rank, pid in rank_processes(handle.job_id, handle.attempt).items():
-            if not os.path.exists(spy):
-                stacks[rank] = "no stack: py-spy is not installed (pip install py-spy)"
-                continue
-            try:
-                out = subprocess.run(
-                    [spy, "dump", "--nonblocking", "--pid", str(pid)],
-                    capture_output=True,
-                    text=True,
-                    timeout=15,
-                )
-                stacks[rank] = (out.stdout or out.stderr).strip()[-8000:]
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                stacks[rank] = f"no stack: py-spy failed ({exc})"
-        return stacks
+    # -- watching --------------------------------------------------------------------------
+
+    def poll(self, handle: LocalAttempt) -> list[NodeStatus]:
+        return [self._status(handle, n) for n in handle.nodes]
+
+    def _status(self, handle: LocalAttempt, node: _Node) -> NodeStatus:
+        record = node.record()
+        if record is not None and record.attempt == handle.attempt and record.verdict:
+            code, detail = record.verdict
+            return NodeStatus(node.name, code, "" if code == 0 else detail)
+        if node.process.alive():
+            return NodeStatus(node.name, None)
+        returncode = node.process.returncode()
+        if returncode is not None and returncode < 0:
+            how = f"was killed by {_procs.signal_name(-returncode)}"
+        elif returncode is not None:
+            how = f"exited with code {returncode}"
+        else:
+            how = "is gone"
+        code = returncode if returncode else 1
+        return NodeStatus(node.name, code, f"its NodeRunner (pid {node.process.pid}) {how}")
 
     def failure_marks(self, handle: LocalAttempt) -> set[str]:
         # every virtual node is this machine: the ranks share the attempt's directory
-        return {p.name for p in (handle.attempt_dir / MARKER_DIR).glob("*")}
+        return set(failure_marks(handle.attempt_dir))
 
-    def poll(self, handle: LocalAttempt) -> list[NodeStatus]:
-        statuses = []
-        for node in handle.nodes:
-            self._remember_tree(node)
-            code = node.exit_code(handle.attempt_dir)
-            detail = ""
-            if code is not None and code < 0:
-                detail = f"agent killed by {signal.Signals(-code).name}"
-            statuses.append(NodeStatus(node.name, code, detail))
-        return statuses
-
-    def terminate(
-        self, handle: LocalAttempt, grace_s: float = 5.0, *, wait_first_s: float = 0.0
-    ) -> None:
-        for node in handle.nodes:
-            self._remember_tree(node, every_s=0)
-        deadline = time.monotonic() + wait_first_s
-        while time.monotonic() < deadline and any(
-            n.exit_code(handle.attempt_dir) is None for n in handle.nodes
-        ):
-            time.sleep(0.05)
-        # SIGTERM the agents: torchrun forwards it to its workers and the supervisor
-        # forwards it to the rank, so a training script can save on SIGTERM.
-        for node in handle.nodes:
-            if _proc(node.agent_pid) is not None:
-                _signal(node.agent_pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self._alive_pids(handle):
-            time.sleep(0.05)
-        for _ in range(3):
-            left = self._alive_pids(handle)
-            if not left:
-                break
-            for pid in left:
-                _signal(pid, signal.SIGKILL)
-            # one lookup per pid: a process that dies between two lookups must not
-            # slip in as None (psutil.wait_procs would fail on it)
-            psutil.wait_procs([p for p in map(_proc, left) if p is not None], timeout=5)
-        for node in handle.nodes:
-            if node.proc is None:
-                continue
-            try:
-                node.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+    def rank_stacks(self, handle: LocalAttempt) -> dict[int, str]:
+        """Every live rank's Python stack, by rank (py-spy also reads stopped processes)."""
+        return _procs.dump_stacks(self._live_ranks(handle))
 
     def node_log_tail(self, handle: LocalAttempt, node: str, num_lines: int = 20) -> list[str]:
         for n in handle.nodes:
             if n.name == node:
-                try:
-                    with open(n.log_path, errors="replace") as f:
-                        return [line.rstrip("\n") for line in deque(f, maxlen=num_lines)]
-                except OSError:
-                    return []
+                return log_tail(n.log_path, num_lines)
         return []
 
-    # -- process tree ------------------------------------------------------------------
-
-    def _remember_tree(self, node: _Node, *, every_s: float = 1.0) -> None:
-        # A /proc walk per node per tick cost ~6% of the gateway with one job: once a
-        # second is plenty to learn new pids (teardown also sweeps by environment).
-        now = time.monotonic()
-        if now - node.tree_seen < every_s:
-            return
-        node.tree_seen = now
-        try:
-            children = psutil.Process(node.agent_pid).children(recursive=True)
-        except psutil.Error:
-            return
-        node.pids.update(c.pid for c in children)
-
-    def _alive_pids(self, handle: LocalAttempt) -> set[int]:
-        alive = set()
+    def _live_ranks(self, handle: LocalAttempt) -> dict[int, int]:
+        live = {}
         for node in handle.nodes:
-            for pid in node.pids:
-                p = _proc(pid)
-                if p is not None and (_belongs(p, handle) or _is_agent(p, node)):
-                    alive.add(pid)
-        alive.update(job_processes(handle.job_id, handle.attempt))
-        return alive
-
-
-def agent_base_env(job_env: dict[str, str] | None = None) -> dict[str, str]:
-    """What every agent's environment starts from: the gateway's own, less its secrets,
-    plus the job's and the settings local multi-node runs need. A warm process is
-    started with this (no job env), so its interpreter matches a cold agent's."""
-    env = dict(os.environ)
-    # Secrets of the gateway's own environment must not leak into jobs.
-    env.pop("AIR_TOKEN", None)
-    env.update(job_env or {})
-    env.update(
-        {
-            # Measured here: a TCPStore shared across attempts lost 3 of 8 restarts.
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-            "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
-            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return env
-
-
-def _create_time(pid: int) -> float:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return 0.0
-
-
-def _is_agent(p: psutil.Process, node: _Node) -> bool:
-    """The node's agent itself, known by pid and start time (a warm agent's environment
-    is found too, but this does not depend on reading it)."""
-    try:
-        return (
-            p.pid == node.agent_pid
-            and node.agent_created > 0
-            and (abs(p.create_time() - node.agent_created) < 0.05)
-        )
-    except psutil.Error:
-        return False
-
-
-def _proc(pid: int) -> psutil.Process | None:
-    try:
-        p = psutil.Process(pid)
-        return None if p.status() == psutil.STATUS_ZOMBIE else p
-    except psutil.Error:
-        return None
-
-
-def _belongs(p: psutil.Process, handle: LocalAttempt) -> bool:
-    """Guard against pid reuse: only kill a pid that still carries this attempt."""
-    try:
-        env = p.environ()
-    except psutil.Error:
-        return False
-    return env.get("AIR_JOB_ID") == handle.job_id and env.get("AIR_ATTEMPT") == str(handle.attempt)
-
-
-def rank_processes(job_id: str, attempt: int | None = None) -> dict[int, int]:
-    """{rank: pid} of the job's training processes: the rank supervisors' children.
-    What a rank starts itself (a forked checkpoint writer, DataLoader workers) carries
-    the rank's environment too, but its parent is the rank, not a supervisor.
-
-    Example:
-        >>> rank_processes("no-such-job")
-        {}
-    """
-    ranks: dict[int, int] = {}
-    for pid in job_processes(job_id, attempt):
-        p = _proc(pid)
-        try:
-            parent = p.parent() if p is not None else None
-            if p is None or parent is None:
+            record = node.record()
+            if record is None or record.attempt != handle.attempt:
                 continue
-            above = parent.cmdline()
-            # the parent is a supervisor (an agent's command line names the supervisor too)
-            if is_agent(above) or not any("air_sdk.runtime.supervise" in c for c in above):
-                continue
-            rank = int(p.environ().get("RANK", "-1"))
-        except (psutil.Error, ValueError):
-            continue
-        if rank >= 0:
-            ranks[rank] = pid
-    return ranks
+            for r in record.ranks:
+                if r.returncode is None and _procs.alive(r.pid, r.create_time):
+                    live[r.rank] = r.pid
+        return live
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def terminate(
+        self, handle: LocalAttempt, grace_s: float = 5.0, *, wait_first_s: float = 0.0
+    ) -> None:
+        deadline = time.monotonic() + wait_first_s
+        while time.monotonic() < deadline and any(s.exit_code is None for s in self.poll(handle)):
+            time.sleep(0.05)
+        for node in handle.nodes:
+            if node.process.alive():
+                node.process.send("stop", attempt=handle.attempt, grace_s=grace_s)
+        deadline = time.monotonic() + grace_s + STOP_SLACK_S
+        while time.monotonic() < deadline and not all(
+            self._stopped(handle, n) for n in handle.nodes
+        ):
+            time.sleep(0.02)
+        for node in handle.nodes:
+            if not self._stopped(handle, node):
+                log.warning(
+                    "%s attempt %s: the NodeRunner of %s did not stop its ranks; killing them",
+                    handle.job_id,
+                    handle.attempt,
+                    node.name,
+                )
+                node.process.kill()  # its ranks die with it (parent-death signal)
+        self._kill_recorded(handle)
+
+    def _stopped(self, handle: LocalAttempt, node: _Node) -> bool:
+        if not node.process.alive():
+            return True
+        record = node.record()
+        return record is not None and record.attempt == handle.attempt and record.stopped
+
+    def _kill_recorded(self, handle: LocalAttempt) -> None:
+        """SIGKILL every rank the records name that still runs, with its process group
+        (what a NodeRunner that died before stopping them may have left)."""
+        for _ in range(3):
+            live = self._live_ranks(handle)
+            if not live:
+                return
+            for pid in live.values():
+                _procs.killpg(pid, signal.SIGKILL)
+                _procs.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+    def release(self, job_id: str) -> None:
+        """The job ended (or went back to the queue): its NodeRunners leave, with their
+        warm interpreters. Returns once they are gone."""
+        with self._lock:
+            job_nodes = self._jobs.pop(job_id, None)
+        if job_nodes is None:
+            return
+        for node_dir in sorted(job_nodes.glob("*")):
+            self._leave(node_dir)
+
+    def _leave(self, node_dir: Path) -> None:
+        with self._lock:
+            started = self._started.pop(node_dir, None)
+        process = started if started is not None and started.alive() else NodeProcess.find(node_dir)
+        if process is None:
+            return
+        process.send("exit", grace_s=0.0)
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while process.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if process.alive():
+            log.warning("the NodeRunner in %s did not leave; killing it", node_dir)
+            process.kill()
 
 
-def job_processes(job_id: str, attempt: int | None = None) -> set[int]:
-    """Pids of live processes whose environment names this job (and attempt)."""
-    found = set()
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == os.getpid():
-            continue
-        try:
-            env = p.environ()
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
-            continue
-        if env.get("AIR_JOB_ID") != job_id:
-            continue
-        if attempt is not None and env.get("AIR_ATTEMPT") != str(attempt):
-            continue
-        found.add(p.pid)
-    return found
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _job_nodes(attempt_dir: Path) -> Path:
+    """jobs/<id>/nodes, from jobs/<id>/attempts/<n>."""
+    return attempt_dir.parent.parent / "nodes"

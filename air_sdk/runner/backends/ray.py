@@ -5,12 +5,14 @@ placement becomes one placement group, one bundle per node, each bundle pinned t
 the node AIR's scheduler chose (label `ray.io/node-id`) and STRICT_SPREAD for
 multi-node jobs, so every node of the job is a distinct machine. In each bundle a
 `RayNodeAgent` actor fetches the job code from Ray's object store, unpacks it into
-a node-local directory and starts that node's ranks under the rank supervisor, with
-the same env contract as the local backend; MASTER_ADDR is the first bundle's node.
+a node-local directory and runs that node's ranks with a NodeRunner, the code a
+local virtual node runs, with the same env contract; MASTER_ADDR is the first
+bundle's node.
 AIR's own runtime reaches the nodes the same way (a zip of `air_sdk` in the object
 store; the agent class travels by value), so the nodes run the gateway's version of
 it and need only torch and air-runtime's dependencies. A relaunch on the same nodes
-keeps the attempt's placement group and actors: it starts only the ranks.
+keeps the attempt's placement group and actors: it starts only the ranks, on the
+warm interpreters the actor's NodeRunner kept ready.
 
 Ranks report to the gateway themselves (logs, metrics, heartbeats, rank exits), so
 the runner reads them as from local ranks. The backend reports what only Ray knows:
@@ -24,28 +26,32 @@ Only this module and its `ray_*` siblings know Ray; `ray` is imported lazily.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import threading
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
-from air_sdk.runner.backends.ray_node import RankCommand, RayNodeAgent
+from air_sdk.runner.backends.local import warm_ranks_enabled
+from air_sdk.runner.backends.ray_connect import connect
+from air_sdk.runner.backends.ray_node import RayNodeAgent
 from air_sdk.runner.backends.ray_rules import (
     LOST_NODE_GRACE_ENV,
     STORAGE_ENV,
     RayNode,
-    auth_env,
     checkpoint_dir,
+    first_cause,
     gateway_unreachable,
+    local_addresses,
     ray_nodes,
+    unhealthy,
+    zip_package,
 )
+from air_sdk.runner.node.plan import plan_node
 from air_sdk.scheduler import NodeSpec
 
 log = logging.getLogger(__name__)
@@ -128,6 +134,7 @@ class RayBackend:
         storage: str | None = None,
         lost_node_grace_s: float | None = None,
         ship_runtime: bool = True,
+        warm: bool | None = None,
         init_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.address = address or os.environ.get("RAY_ADDRESS")
@@ -138,15 +145,14 @@ class RayBackend:
             )
         self.storage = storage or os.environ.get(STORAGE_ENV) or None
         grace = os.environ.get(LOST_NODE_GRACE_ENV)
+        default_grace = float(grace) if grace else DEFAULT_LOST_NODE_GRACE_S
         self.lost_node_grace_s = (
-            lost_node_grace_s
-            if lost_node_grace_s is not None
-            else float(grace)
-            if grace
-            else DEFAULT_LOST_NODE_GRACE_S
+            lost_node_grace_s if lost_node_grace_s is not None else default_grace
         )
         ship = os.environ.get(SHIP_RUNTIME_ENV, "1").lower() not in ("0", "false", "no")
         self.ship_runtime = ship_runtime and ship
+        #: node actors keep warm interpreters for the job's next attempt ($AIR_WARM_RANKS)
+        self.warm = warm_ranks_enabled(warm)
         self._runtime: tuple[Any, str] | None = None  # (object ref, sha256) of air_sdk's zip
         self._lock = threading.Lock()
         self._known: dict[str, RayNode] = {}  # every node seen, by AIR name
@@ -154,35 +160,8 @@ class RayBackend:
         self._inventory: list[NodeSpec] = []
         self._inventory_at = -1e9
         self._kept: dict[str, RayAttempt] = {}  # job id -> its stopped attempt, kept for reuse
-        self._connect(init_kwargs or {})
+        connect(self.address, NAMESPACE, init_kwargs or {})
         self._agent_class = self._remote_agent_class()
-
-    # -- connection ------------------------------------------------------------------------
-
-    def _connect(self, init_kwargs: dict[str, Any]) -> None:
-        extra, source = auth_env(os.environ)
-        os.environ.update(extra)  # before Ray reads its config: token mode on when a token is there
-        import ray
-
-        if extra:
-            _reload_ray_config()
-        if ray.is_initialized():
-            return
-        try:
-            ray.init(
-                address=self.address,
-                namespace=NAMESPACE,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-                **init_kwargs,
-            )
-        except Exception as exc:
-            raise ConfigError(
-                f"cannot join the Ray cluster at {self.address}: {exc}. Ray's token auth is on by"
-                " default since 2.60: give the gateway the cluster's token with RAY_AUTH_TOKEN or"
-                f" RAY_AUTH_TOKEN_PATH (`ray get-auth-token` on the head node prints it); {source}"
-            ) from exc
-        log.info("joined the Ray cluster at %s (%s)", self.address, source)
 
     def _remote_agent_class(self) -> Any:
         import ray
@@ -197,7 +176,7 @@ class RayBackend:
             from air_sdk.runner.backends import ray_node
 
             ray.cloudpickle.register_pickle_by_value(ray_node)
-            data = _zip_package(Path(ray_node.__file__).resolve().parents[3])
+            data = zip_package(Path(ray_node.__file__).resolve().parents[3])
             self._runtime = (ray.put(data), hashlib.sha256(data).hexdigest())
         options: dict[str, Any] = {"max_restarts": 0, "max_concurrency": AGENT_CONCURRENCY}
         return ray.remote(**options)(RayNodeAgent)
@@ -236,7 +215,7 @@ class RayBackend:
             inventory = [n.spec for n in alive.values()]
             for name, since in self._gone.items():
                 if now - since < self.lost_node_grace_s:
-                    inventory.append(_unhealthy(self._known[name].spec))
+                    inventory.append(unhealthy(self._known[name].spec))
             self._inventory = sorted(inventory, key=lambda s: s.name)
             self._inventory_at = now
         return alive
@@ -255,7 +234,7 @@ class RayBackend:
         ckpt = checkpoint_dir(
             job_id=request.job_id,
             explicit=spec.checkpoint.dir,
-            default=request.env.get("AIR_CHECKPOINT_DIR", ""),
+            default=request.worker.checkpoint_dir or "",
             num_nodes=num_nodes,
             storage=self.storage,
         )
@@ -272,7 +251,7 @@ class RayBackend:
                 raise ConfigError(f"node {a.node} is not a node of the Ray cluster")
             nodes.append(_Node(a.node, where.node_id, where.address, i))
         unreachable = gateway_unreachable(
-            request.env.get("AIR_GATEWAY_URL", ""), [n.address for n in nodes], _local_addresses()
+            request.worker.gateway_url or "", [n.address for n in nodes], local_addresses()
         )
         if unreachable:
             raise ConfigError(unreachable)
@@ -296,29 +275,33 @@ class RayBackend:
             request.job_id, request.attempt, pg, nodes, ray.put(bundle.data), bundle.sha256
         )
         handle.shape = shape
-        env = {**spec.env, **request.env, "AIR_CHECKPOINT_DIR": ckpt}
-        for name in _PASSED_THROUGH:  # a private CA for https gateways (same path on every node)
-            if name in os.environ and name not in env:
-                env[name] = os.environ[name]
+        worker = request.worker.model_copy(update={"checkpoint_dir": ckpt})
+        # a private CA for https gateways (same path on every node)
+        passed = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
         for n in nodes:
-            cmd = RankCommand(
-                job_id=request.job_id,
-                attempt=request.attempt,
-                node_name=n.name,
+            launch = plan_node(
+                worker=worker,
+                spec=spec,
+                node=n.name,
                 group_rank=n.index,
                 num_nodes=num_nodes,
-                ranks_per_node=ranks,
                 entrypoint=request.entrypoint,
-                args=tuple(spec.args),
-                env=env,
-                uses_gpus=gpus > 0,
+                cwd="",  # node-local: the actor fills in where it unpacked the code
+                attempt_dir="",
+                log_path="",
+                master=None,  # rank 0's node picks the port; the actor learns it at start
+                # GPU jobs keep the devices Ray gives the actor; CPU jobs see none
+                cuda_visible_devices=None if gpus else "",
+                loopback=False,
+                warm=self.warm,
+                extra_env=passed,
             )
             if kept is not None:
                 # The previous attempt's actor on this node: no new placement group,
                 # worker process or code download for a relaunch on the same nodes.
                 n.actor = kept.nodes[n.index].actor
                 n.prepare_ref = n.actor.prepare.remote(
-                    handle.bundle_ref, bundle.sha256, *self._runtime_args(), cmd
+                    handle.bundle_ref, bundle.sha256, *self._runtime_args(), launch, gpus > 0
                 )
                 n.notes.append(
                     f"[air] bundle {n.index} of placement group {pg.id.hex()[:12]} on Ray node"
@@ -332,9 +315,9 @@ class RayBackend:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=n.index
                 ),
-            ).remote(cmd)
+            ).remote(request.job_id, n.name)
             n.prepare_ref = n.actor.prepare.remote(
-                handle.bundle_ref, bundle.sha256, *self._runtime_args()
+                handle.bundle_ref, bundle.sha256, *self._runtime_args(), launch, gpus > 0
             )
             n.notes.append(
                 f"[air] bundle {n.index} of placement group {pg.id.hex()[:12]} on Ray node"
@@ -452,7 +435,7 @@ class RayBackend:
         if lost:
             detail = f"Ray node {n.node_id[:12]} ({n.address}) left the cluster"
         else:
-            detail = f"its Ray actor died while {while_}: {_first_cause(exc)}"
+            detail = f"its Ray actor died while {while_}: {first_cause(exc)}"
         n.final = NodeStatus(n.name, LOST_EXIT_CODE, detail, lost=lost)
         n.notes.append(f"[air] {detail}")
         n.notes.extend(f"[ray] {line}" for line in str(exc).strip().splitlines()[:8])
@@ -612,62 +595,5 @@ class RayBackend:
         return []
 
 
-#: gateway env the ranks on Ray nodes get too (the local backend passes its whole env)
+#: gateway env the ranks on Ray nodes get over their node's own (a private CA)
 _PASSED_THROUGH = ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
-
-
-def _local_addresses() -> list[str]:
-    """This machine's IP addresses (a Ray node at one of them shares our loopback)."""
-    import psutil
-
-    found = {"127.0.0.1", "::1"}
-    for addrs in psutil.net_if_addrs().values():
-        found.update(
-            a.address.split("%")[0] for a in addrs if a.family.name in ("AF_INET", "AF_INET6")
-        )
-    return sorted(found)
-
-
-def _zip_package(root: Path) -> bytes:
-    """`root/air_sdk` as a deterministic zip (sources only: nodes compile their own)."""
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted((root / "air_sdk").rglob("*")):
-            if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
-                continue
-            info = zipfile.ZipInfo(
-                path.relative_to(root).as_posix(), date_time=(1980, 1, 1, 0, 0, 0)
-            )
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, path.read_bytes())
-    return out.getvalue()
-
-
-def _unhealthy(spec: NodeSpec) -> NodeSpec:
-    from dataclasses import replace
-
-    return replace(spec, healthy=False)
-
-
-def _first_cause(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for words in (("because",), ("killed", "died")):
-        for line in lines:
-            if any(w in line for w in words):
-                return line
-    return lines[0] if lines else type(exc).__name__
-
-
-def _reload_ray_config() -> None:
-    """Make a Ray imported earlier in this process see RAY_AUTH_MODE (as `ray start` does)."""
-    try:
-        from ray._raylet import (  # type: ignore[attr-defined]
-            AuthenticationTokenLoader,
-            Config,
-        )
-
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
-    except Exception as exc:  # private API: without it, a fresh process still works
-        log.debug("could not reload Ray's config: %s", exc)

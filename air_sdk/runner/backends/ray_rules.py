@@ -7,7 +7,9 @@ Nothing here imports Ray, so every rule has a plain unit test
 
 from __future__ import annotations
 
+import io
 import os
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import ip_address
@@ -208,3 +210,53 @@ def gateway_unreachable(
         " start the gateway with --host NAME (a name every Ray node resolves) and"
         " --tls-cert/--tls-key (docs/scaling-out.md)"
     )
+
+
+def local_addresses() -> list[str]:
+    """This machine's IP addresses (a Ray node at one of them shares our loopback).
+
+    Example:
+        >>> "127.0.0.1" in local_addresses()
+        True
+    """
+    import psutil
+
+    found = {"127.0.0.1", "::1"}
+    for addrs in psutil.net_if_addrs().values():
+        found.update(
+            a.address.split("%")[0] for a in addrs if a.family.name in ("AF_INET", "AF_INET6")
+        )
+    return sorted(found)
+
+
+def zip_package(root: Path) -> bytes:
+    """`root/air_sdk` as a deterministic zip (sources only: nodes compile their own)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted((root / "air_sdk").rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            info = zipfile.ZipInfo(
+                path.relative_to(root).as_posix(), date_time=(1980, 1, 1, 0, 0, 0)
+            )
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, path.read_bytes())
+    return out.getvalue()
+
+
+def unhealthy(spec: NodeSpec) -> NodeSpec:
+    """`spec`, marked unhealthy (a node that left the cluster, still in the inventory)."""
+    from dataclasses import replace
+
+    return replace(spec, healthy=False)
+
+
+def first_cause(exc: BaseException) -> str:
+    """The line of a Ray error that says why an actor died."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for words in (("because",), ("killed", "died")):
+        for line in lines:
+            if any(w in line for w in words):
+                return line
+    return lines[0] if lines else type(exc).__name__

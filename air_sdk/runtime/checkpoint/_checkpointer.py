@@ -38,6 +38,7 @@ from air_sdk.runtime.checkpoint._adapters import (
 )
 from air_sdk.runtime.checkpoint._commit import Pending, describe, from_rank_0
 from air_sdk.runtime.checkpoint._snapshot import agree_mode, snapshot_writer
+from air_sdk.schema.worker_env import WorkerEnv
 
 __all__ = ["DEFAULT_KEEP", "NO_DIST_WARNING", "Checkpointer", "instances"]
 
@@ -75,11 +76,12 @@ class Checkpointer:
         on_failure: bool | None = None,
     ) -> None:
         if keep is None:
-            raw = os.environ.get("AIR_CHECKPOINT_KEEP", "").strip()
+            name = WorkerEnv.env_name("checkpoint_keep")
+            raw = os.environ.get(name, "").strip()
             try:
                 keep = int(raw) if raw else DEFAULT_KEEP
             except ValueError:
-                raise ValueError(f"AIR_CHECKPOINT_KEEP={raw!r} is not an integer") from None
+                raise ValueError(f"{name}={raw!r} is not an integer") from None
         if keep < 1:
             raise ValueError(
                 f"keep must be >= 1 (the newest checkpoint is always kept), got {keep}"

@@ -1,13 +1,12 @@
 """The Ray backend's rules, without Ray: which nodes AIR places on, where checkpoints go
-(and which paths a multi-node job may not use), the token the gateway sends, and the
-env contract each rank gets."""
+(and which paths a multi-node job may not use) and the token the gateway sends. The env
+contract each rank gets is the NodeRunner's plan: tests/unit/runner/test_node_plan.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from air_sdk.errors import ConfigError
-from air_sdk.runner.backends.ray_node import RankCommand, node_rank_env
 from air_sdk.runner.backends.ray_rules import auth_env, checkpoint_dir, ray_nodes
 
 
@@ -93,26 +92,3 @@ def test_an_explicit_auth_mode_is_never_overridden(tmp_path):
         {},
         "no Ray token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)",
     )
-
-
-def test_each_rank_gets_the_env_torchrun_would_give_it():
-    cmd = RankCommand(
-        "j7",
-        3,
-        "ray-n1",
-        group_rank=1,
-        num_nodes=2,
-        ranks_per_node=2,
-        entrypoint="t.py",
-        env={"AIR_JOB_ID": "j7", "OMP_NUM_THREADS": "4"},
-    )
-    env = node_rank_env(cmd, 0, "10.0.0.1", 29400)
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")} == {
-        "RANK": "2",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "4",
-        "LOCAL_WORLD_SIZE": "2",
-    }
-    assert (env["GROUP_RANK"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("1", "10.0.0.1", "29400")
-    assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["AIR_NODE_NAME"] == "ray-n1"
-    assert env["AIR_JOB_ID"] == "j7" and env["OMP_NUM_THREADS"] == "4"

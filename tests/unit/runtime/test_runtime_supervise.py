@@ -305,16 +305,12 @@ def test_a_gpu_jobs_rank_runs_with_the_flight_recorder_on(tmp_path: Path) -> Non
     assert (attempt / "flight-recorder").is_dir()
 
 
-def test_the_device_sample_interval_is_the_jobs_to_choose(monkeypatch, capsys):
+def test_the_device_sample_interval_is_the_jobs_to_choose(capsys):
     from air_sdk.runtime import supervise
     from air_sdk.runtime._sampler import DEFAULT_INTERVAL_S
 
-    monkeypatch.delenv("AIR_SAMPLE_INTERVAL_S", raising=False)
-    assert supervise._sample_interval_s() == DEFAULT_INTERVAL_S
-    monkeypatch.setenv("AIR_SAMPLE_INTERVAL_S", "0")  # off
-    assert supervise._sample_interval_s() == 0
-    monkeypatch.setenv("AIR_SAMPLE_INTERVAL_S", "0.1")
-    assert supervise._sample_interval_s() == 0.1
-    monkeypatch.setenv("AIR_SAMPLE_INTERVAL_S", "often")
-    assert supervise._sample_interval_s() == DEFAULT_INTERVAL_S
+    assert supervise.sample_interval_s({}) == DEFAULT_INTERVAL_S
+    assert supervise.sample_interval_s({"AIR_SAMPLE_INTERVAL_S": "0"}) == 0  # off
+    assert supervise.sample_interval_s({"AIR_SAMPLE_INTERVAL_S": "0.1"}) == 0.1
+    assert supervise.sample_interval_s({"AIR_SAMPLE_INTERVAL_S": "often"}) == DEFAULT_INTERVAL_S
     assert "ignoring AIR_SAMPLE_INTERVAL_S='often'" in capsys.readouterr().err

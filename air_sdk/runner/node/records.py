@@ -1,0 +1,147 @@
+"""What a NodeRunner leaves on disk, and reading it back (standard library only).
+
+On the local backend a NodeRunner process keeps two records, each rewritten whole
+and renamed into place (a reader never sees half of one), so a gateway that was
+SIGKILLed and restarted finds its nodes again without scanning the host:
+
+    jobs/<job>/nodes/<node>/runner.json      RunnerRecord: the NodeRunner process (pid,
+                                             start time), the attempt it runs, warm ones
+    jobs/<job>/attempts/<n>/nodes/<node>.json
+                                             AttemptRecord: that attempt on that node: each
+                                             rank's pid, start time and exit code, and
+                                             the node's verdict once there is one
+
+A pid is trusted only with its start time (`_procs.alive(pid, create_time)`): a
+later process that got the pid is not the one recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "AttemptRecord",
+    "RankRecord",
+    "RunnerRecord",
+    "failure_marks",
+    "log_tail",
+    "read_json",
+    "write_json",
+]
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One rank of an attempt on a node."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    create_time: float | None
+    #: Popen's: negative for a signal; None while it runs (or nobody reaped it yet)
+    returncode: int | None = None
+    #: it started on a warm interpreter
+    warm: bool = False
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """An attempt on one node, as its NodeRunner saw it last."""
+
+    job_id: str
+    attempt: int
+    node: str
+    runner_pid: int
+    runner_create_time: float | None
+    ranks: list[RankRecord] = field(default_factory=list)
+    #: (exit status, what happened) once a rank failed or all ended
+    verdict: tuple[int, str] | None = None
+    #: the runner stopped the attempt and every rank is gone
+    stopped: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttemptRecord:
+        values = dict(data)
+        values["ranks"] = [RankRecord(**r) for r in values.get("ranks", [])]
+        if values.get("verdict") is not None:
+            code, detail = values["verdict"]
+            values["verdict"] = (int(code), str(detail))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RunnerRecord:
+    """A local NodeRunner process: who it is and what it is doing."""
+
+    pid: int
+    create_time: float | None
+    job_id: str
+    node: str
+    #: the attempt it runs or ran last (None before the first)
+    attempt: int | None = None
+    #: an attempt's ranks run (False: stopped or ended, waiting for the next launch)
+    busy: bool = False
+    warm_ready: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunnerRecord:
+        return cls(**data)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` (a dataclass or JSON value) to `path` atomically, readable by its
+    owner only (a launch holds the job's token)."""
+    body = json.dumps(asdict(data) if hasattr(data, "__dataclass_fields__") else data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """The JSON at `path`; None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def failure_marks(attempt_dir: Path) -> list[str]:
+    """The files ranks left under `ATTEMPT_DIR/failure-saves/` (see
+    `air_sdk.runtime._failure_save`).
+
+    Example:
+        >>> failure_marks(Path("/nonexistent"))
+        []
+    """
+    from air_sdk.runtime._failure_save import MARKER_DIR
+
+    try:
+        return sorted(p.name for p in (attempt_dir / MARKER_DIR).iterdir())
+    except OSError:
+        return []
+
+
+def log_tail(path: Path, num_lines: int = 20) -> list[str]:
+    """The last `num_lines` lines of a node's log.
+
+    Example:
+        >>> log_tail(Path("/nonexistent"))
+        []
+    """
+    try:
+        with open(path, errors="replace") as f:
+            return [line.rstrip("\n") for line in deque(f, maxlen=num_lines)]
+    except OSError:
+        return []
