@@ -17,14 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air_sdk.errors import ConfigError
-from air_sdk.runner.backends.base import (
-    MODULE_PREFIX,
-    AttemptHandle,
-    Backend,
-    LaunchRequest,
-    NodeStatus,
-)
+from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
 from air_sdk.runner.flight_recorder import hang_report
+from air_sdk.runner.node.launch import MODULE_PREFIX
 from air_sdk.runner.node.plan import attempt_worker
 from air_sdk.runner.policy import (
     FailureAction,

@@ -28,7 +28,7 @@ class LaunchRequest:
     code_dir: Path
     #: per-attempt scratch: node logs and records, rank exit records
     attempt_dir: Path
-    #: the entrypoint, relative to code_dir, or "-m MODULE" (`program_argv` splits it)
+    #: the entrypoint, relative to code_dir, or "-m MODULE" (`runner.node.launch.program_argv` splits it)
     entrypoint: str
     #: the env contract every rank of the attempt shares (AIR_JOB_ID, AIR_ATTEMPT,
     #: AIR_JOB_TOKEN, ...); the backend adds each node's and rank's part
@@ -38,23 +38,6 @@ class LaunchRequest:
     def env(self) -> dict[str, str]:
         """`worker` as variables."""
         return self.worker.to_env()
-
-
-#: how an entrypoint says "run this module" (`python -m`)
-MODULE_PREFIX = "-m "
-
-
-def program_argv(entrypoint: str) -> list[str]:
-    """What follows `python -m air_sdk.runtime.supervise` for an entrypoint: the
-    script, or `-m MODULE` for a module job (JobSpec.module).
-
-    Example:
-        >>> program_argv("-m pkg.train"), program_argv("train.py")
-        (['-m', 'pkg.train'], ['train.py'])
-    """
-    if entrypoint.startswith(MODULE_PREFIX):
-        return ["-m", entrypoint.removeprefix(MODULE_PREFIX)]
-    return [entrypoint]
 
 
 @dataclass(frozen=True)

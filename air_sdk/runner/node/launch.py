@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["WARM_IMPORTS", "NodeLaunch", "RankLaunch", "import_sensitive"]
+__all__ = [
+    "MODULE_PREFIX",
+    "WARM_IMPORTS",
+    "NodeLaunch",
+    "RankLaunch",
+    "import_sensitive",
+    "program_argv",
+]
 
 #: what a warm interpreter imports before it is handed a rank: torch, what
 #: `DistributedDataParallel()` imports on first use (`torch._dynamo`, about 1 s here)
@@ -64,6 +71,23 @@ def import_sensitive(env: Mapping[str, str]) -> dict[str, str]:
         if (k.startswith(_IMPORT_SENSITIVE_PREFIXES) and not k.startswith(_READ_LATER_PREFIXES))
         or k == "LOGLEVEL"
     }
+
+
+#: how an entrypoint says "run this module" (`python -m`)
+MODULE_PREFIX = "-m "
+
+
+def program_argv(entrypoint: str) -> list[str]:
+    """What follows `python -m air_sdk.runtime.supervise` for an entrypoint: the
+    script, or `-m MODULE` for a module job (JobSpec.module).
+
+    Example:
+        >>> program_argv("-m pkg.train"), program_argv("train.py")
+        (['-m', 'pkg.train'], ['train.py'])
+    """
+    if entrypoint.startswith(MODULE_PREFIX):
+        return ["-m", entrypoint.removeprefix(MODULE_PREFIX)]
+    return [entrypoint]
 
 
 @dataclass(frozen=True)

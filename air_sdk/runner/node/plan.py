@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from air_sdk.planner.worker_env import flops_per_token
-from air_sdk.runner.backends.base import program_argv
-from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
+from air_sdk.runner.node.launch import NodeLaunch, RankLaunch, program_argv
 from air_sdk.schema import JobSpec
 from air_sdk.schema.worker_env import DEFAULTED_ENV, WorkerEnv
 

@@ -499,7 +499,7 @@ def test_cancel_during_the_preemption_grace_ends_the_job(store, tmp_path):
 def test_a_module_job_gets_its_code_linked_from_the_cache_and_runs_python_m(store, tmp_path):
     from air_sdk.bundle import pack_directory
     from air_sdk.bundle.cache import BundleCache
-    from air_sdk.runner.backends.base import program_argv
+    from air_sdk.runner.node.launch import program_argv
 
     bundle = pack_directory(tmp_path, extra_files={"pkg/__init__.py": b"", "pkg/train.py": b"x=1"})
     archive = tmp_path / "bundle.tar.gz"
