@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ import requests
 
 from air_sdk.errors import ConfigError
 from air_sdk.gateway_config import GatewayOptions
+from air_sdk.procs import alive
 
 __all__ = [
     "PORT_SEARCH",
@@ -193,6 +195,37 @@ def _next_free(host: str, port: int) -> int | None:
     return None
 
 
+#: how long a port held only by exiting processes (a gateway just SIGKILLed, still
+#: being torn down, or a zombie not yet reaped) may take to come free
+EXITING_HOLDER_WAIT_S = 15.0
+
+
+def _held_only_by_exiting(port: int) -> bool:
+    """Whether every process listening on `port` is on its way out (its pid known)."""
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return False
+    pids = {
+        c.pid
+        for c in connections
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    }
+    if not pids or None in pids:
+        return False
+    return not any(alive(pid) for pid in pids if pid is not None)
+
+
+def _free_once_holder_exits(host: str, port: int) -> bool:
+    """Wait while the port's holders are exiting; True once the port is free."""
+    deadline = time.monotonic() + EXITING_HOLDER_WAIT_S
+    while _held_only_by_exiting(port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        if port_is_free(host, port):
+            return True
+    return port_is_free(host, port)
+
+
 def choose_port(opts: GatewayOptions) -> PortChoice:
     """`opts` when its port is free; when it is taken: a `ConfigError` naming the holder
     if the port was asked for (`--port`, `AIR_GATEWAY_PORT`), else the next free port
@@ -204,8 +237,8 @@ def choose_port(opts: GatewayOptions) -> PortChoice:
         >>> choice.opts.port == port, choice.note
         (True, '')
     """
-    if port_is_free(opts.host, opts.port):
-        return PortChoice(opts)
+    if port_is_free(opts.host, opts.port) or _free_once_holder_exits(opts.host, opts.port):
+        return PortChoice(opts)  # a gateway restarted right after a kill gets its port
     holder = port_holder(opts.host, opts.port)
     if "port" in opts.model_fields_set:
         raise port_taken_error(opts.host, opts.port, holder)

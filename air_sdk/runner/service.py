@@ -131,7 +131,7 @@ class Runner:
             threads = list(self._threads.values())
         for t in threads:
             t.join(timeout_s)
-        getattr(self.backend, "close", lambda: None)()  # idle warm agents; jobs keep running
+        getattr(self.backend, "close", lambda: None)()  # jobs keep running
 
     def wake(self) -> None:
         """Schedule now (called after a submit or cancel) instead of at the next tick."""
