@@ -460,8 +460,9 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
     if step is None and report.points:
         step = report.points[-1].step
     progress = bool(report.points) or report.heartbeat_step is not None
+    active = bool(report.lines) or report.busy
     ctx.store.append_worker_events(
-        job_id, attempt, report.rank, report.payloads(), step, progress=progress
+        job_id, attempt, report.rank, report.payloads(), step, progress=progress, active=active
     )
 
 
