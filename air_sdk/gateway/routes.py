@@ -85,7 +85,7 @@ def _owned_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
 
 
 def _accounting(ctx: CtxDep, job: JobRecord) -> Accounting:
-    times = [AttemptTimes(a, first, last) for a, first, last in ctx.store.attempt_times(job.id)]
+    times = [AttemptTimes(*row) for row in ctx.store.attempt_times(job.id)]
     return account(
         ctx.store.list_attempts(job.id),
         times,
