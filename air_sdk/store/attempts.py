@@ -122,9 +122,7 @@ class AttemptStore:
             " ('metrics', 'checkpoint', 'state') GROUP BY attempt",
             (job_id,),
         )
-        return [
-            (r["attempt"], r["first_progress"], r["last_commit"], r["ranks_up"]) for r in rows
-        ]
+        return [(r["attempt"], r["first_progress"], r["last_commit"], r["ranks_up"]) for r in rows]
 
     def set_resumed_from(self, job_id: str, attempt: int, step: int | None) -> None:
         with self._db.tx() as c:

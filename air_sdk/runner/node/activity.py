@@ -171,5 +171,7 @@ def visible_gpus(env: dict[str, str]) -> list[int]:
         >>> visible_gpus({"CUDA_VISIBLE_DEVICES": "0,2"}), visible_gpus({})
         ([0, 2], [])
     """
-    raw = env.get("CUDA_VISIBLE_DEVICES", "")
+    from air_sdk.schema.worker_env import WorkerEnv
+
+    raw = env.get(WorkerEnv.env_name("cuda_visible_devices"), "")
     return [int(i) for i in raw.split(",") if i.strip().isdigit()]
