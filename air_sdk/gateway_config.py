@@ -184,7 +184,14 @@ class GatewayOptions(BaseSettings):
     slots_per_node: Annotated[int | None, Flag(metavar="N")] = Field(
         None,
         ge=1,
-        description="Rank slots per virtual node (default: cores or GPUs divided evenly).",
+        description="Rank slots per virtual node (default: the node's GPUs, or on a CPU"
+        " machine all its cores, shared by the nodes: one rank per core in all).",
+    )
+    oversubscribe: bool = Field(
+        False,
+        description="Let this machine's CPU virtual nodes run more ranks at once than it has"
+        " cores (ranks then share cores; warned at start and on each job placed so)."
+        " Default: one rank per core across the virtual nodes.",
     )
     write_client_config: Annotated[bool, Flag(hidden=True)] = Field(
         True, description="Write ~/.config/air/config.toml with this gateway's URL and token."

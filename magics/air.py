@@ -250,7 +250,7 @@ class AirMagics(Magics):
         "--slots-per-node",
         type=_count(1),
         metavar="N",
-        help="Rank slots per virtual node (default: cores or GPUs divided evenly).",
+        help="Rank slots per virtual node (default: its GPUs, or all cores shared by the nodes).",
     )
     @line_cell_magic
     def air(self, line: str, cell: str | None = None) -> None:

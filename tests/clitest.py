@@ -32,6 +32,10 @@ class FakeGateway:
         self.logs_upto = 1 << 30
         #: what rank 0 prints while a job runs (lines of one log event)
         self.rank0_output: list[str] = []
+        #: steps rank 0 logs with air.log (0: a plain script that logs none)
+        self.steps = 3
+        #: fields of the job record once it ended (started_at, ended_at, goodput, ...)
+        self.ended_record: dict[str, object] = {}
         #: POST /v1/admin/gc: the bodies asked and the report answered
         self.gc_requests: list[dict] = []
         self.gc_report: dict = {"jobs": [], "bundles": [], "bytes_freed": 0, "bytes_kept": 0}
@@ -70,8 +74,9 @@ class FakeGateway:
             )
         )
 
-    def run_to_end(self, job_id: str, final: JobState, steps: int = 3) -> None:
+    def run_to_end(self, job_id: str, final: JobState, steps: int | None = None) -> None:
         """The events of a job's life, in the order a gateway writes them."""
+        steps = self.steps if steps is None else steps
         self.emit(job_id, "state", state="SCHEDULED")
         self.emit(job_id, "attempt", attempt=1, phase="started")
         self.emit(job_id, "state", state="STARTING")
@@ -85,7 +90,9 @@ class FakeGateway:
         if final is JobState.FAILED:
             self.emit(job_id, "rank_exit", rank=1, data={"rank": 1, "exit_code": 3})
         self.emit(job_id, "state", state=final.value)
-        self.records[job_id] = self.records[job_id].model_copy(update={"state": final})
+        self.records[job_id] = self.records[job_id].model_copy(
+            update={"state": final, **self.ended_record}
+        )
 
     def __call__(self, request: requests.PreparedRequest) -> requests.Response:
         self.requests.append(request)

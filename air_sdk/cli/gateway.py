@@ -144,8 +144,11 @@ def start(
 
     Every option may also come from an env var: AIR_GATEWAY_PORT, AIR_GATEWAY_HOME ...
     """
-    from air_sdk.gateway.server import serve, start_detached
+    from air_sdk.gateway.server import oversubscription_warning, serve, start_detached
 
+    warning = oversubscription_warning(opts)
+    if warning is not None:
+        err_console.print(f"[yellow]warning: {escape(warning)}[/]", soft_wrap=True)
     if not detach:
         try:
             serve(opts)

@@ -291,8 +291,14 @@ def logs(
                 typer.echo(f"[rank {event.rank if event.rank is not None else '?'}] {text}")
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    from air_sdk.cli.terminal_views import outcome_line
+
     final = job.record()
-    err_console.print(f"job {job.id} ended: {final.state.value}", style="dim", soft_wrap=True)
+    err_console.print(
+        f"job {job.id} ended: {final.state.value} ({outcome_line(final)})",
+        style="dim",
+        soft_wrap=True,
+    )
     raise typer.Exit(exit_code_of(final.state))
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "format_age",
     "jobs_table",
     "metrics_table",
+    "outcome_line",
     "progress_line",
     "state_badge",
     "status_text",
@@ -299,9 +300,42 @@ def metrics_table(rows: Iterable[MetricRow]) -> Table:
     return table
 
 
+def outcome_line(record: JobRecord) -> str:
+    """What is known of an ended job without its metrics: how long it ran, how many
+    ranks, how it ended, its goodput. A plain script's summary (no air.log steps).
+
+    Example:
+        >>> from air_sdk.schema import JobSpec, Resources
+        >>> rec = JobRecord(id="j", tenant="t", name="n", created_at=0, updated_at=0,
+        ...     state=JobState.SUCCEEDED, attempt=1, started_at=10.0, ended_at=52.4,
+        ...     goodput=0.97, spec=JobSpec(entrypoint="t.py", resources=Resources(nodes=2)))
+        >>> outcome_line(rec)
+        'ran 42 s, 2 ranks, exit 0, goodput 97%'
+    """
+    pieces = []
+    if record.started_at is not None and record.ended_at is not None:
+        pieces.append(f"ran {record.ended_at - record.started_at:.0f} s")
+    pieces.append(plural(record.spec.resources.world_size, "rank"))
+    failure = record.failure
+    if record.state is JobState.SUCCEEDED:
+        pieces.append("exit 0")
+    elif failure is not None and failure.kind == "hang":
+        pieces.append("hung")
+    elif failure is not None and failure.signal:
+        pieces.append(f"killed by {failure.signal}")
+    elif failure is not None and failure.exit_code is not None:
+        pieces.append(f"exit {failure.exit_code}")
+    else:
+        pieces.append(record.state.value.lower())
+    if record.goodput is not None:
+        pieces.append(f"goodput {record.goodput:.0%}")
+    return ", ".join(pieces)
+
+
 def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
-    """The end-of-run summary: final state, attempts, steps, final loss, steps/s; one
-    line per row, values in one column, no trailing blanks.
+    """The end-of-run summary: final state, attempts, steps, final loss, steps/s (what
+    the job logged; a script that logs no steps gets `outcome_line` instead), goodput;
+    one line per row, values in one column, no trailing blanks.
 
     Example:
         >>> from air_sdk.schema import JobSpec
@@ -309,9 +343,9 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
         ...     updated_at=0, state=JobState.SUCCEEDED, attempt=1, spec=JobSpec(entrypoint="t.py"))
         >>> for line in summary_table(rec, JobSnapshot(job_id=rec.id)).renderables[:3]:
         ...     print(line.plain)
-        job           train-5d41402a (train)
-        final state   SUCCEEDED
-        attempts      1
+        job          train-5d41402a (train)
+        final state  SUCCEEDED
+        attempts     1
     """
     restarts = f" ({plural(record.num_restarts, 'restart')})" if record.num_restarts else ""
     name = loss_name(snapshot.latest)
@@ -321,15 +355,22 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
         ("job", f"{record.id} ({record.name})"),
         ("final state", state_badge(record.state)),
         ("attempts", f"{record.attempt}{restarts}"),
-        ("steps", "-" if snapshot.step is None else str(snapshot.step)),
-        ("final loss", "-" if loss is None else _fmt(loss)),
-        ("steps/second", "-" if rate is None else f"{rate:.1f}"),
     ]
+    if snapshot.step is None:  # no air.log step: say what is known, not rows of dashes
+        rows.append(("run", outcome_line(record)))
+    else:
+        rows.append(("steps", str(snapshot.step)))
+        if loss is not None:
+            rows.append(("final loss", _fmt(loss)))
+        if rate is not None:
+            rows.append(("steps/second", f"{rate:.1f}"))
+        if record.goodput is not None:
+            rows.append(("goodput", f"{record.goodput:.0%}"))
     if snapshot.tokens_per_s is not None:
         rows.append(("tokens/second", _si(snapshot.tokens_per_s)))
     if snapshot.mfu is not None:
         rows.append(("MFU", f"{snapshot.mfu:.1%}"))
-    if record.started_at is not None and record.ended_at is not None:
+    if snapshot.step is not None and record.started_at is not None and record.ended_at is not None:
         rows.append(("wall time", f"{record.ended_at - record.started_at:.1f} s"))
     width = max(len(label) for label, _ in rows) + 2
     return Group(*(Text.assemble((label.ljust(width), "dim"), value) for label, value in rows))

@@ -85,7 +85,7 @@ def _owned_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
 
 
 def _accounting(ctx: CtxDep, job: JobRecord) -> Accounting:
-    times = [AttemptTimes(a, first, last) for a, first, last in ctx.store.attempt_times(job.id)]
+    times = [AttemptTimes(*row) for row in ctx.store.attempt_times(job.id)]
     return account(
         ctx.store.list_attempts(job.id),
         times,
@@ -460,8 +460,9 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
     if step is None and report.points:
         step = report.points[-1].step
     progress = bool(report.points) or report.heartbeat_step is not None
+    active = bool(report.lines) or report.busy
     ctx.store.append_worker_events(
-        job_id, attempt, report.rank, report.payloads(), step, progress=progress
+        job_id, attempt, report.rank, report.payloads(), step, progress=progress, active=active
     )
 
 

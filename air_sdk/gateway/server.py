@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -38,14 +39,17 @@ if TYPE_CHECKING:
 
     from air_sdk.runner import RetentionPolicy
     from air_sdk.runner.backends.base import Backend
-    from air_sdk.scheduler import ClusterConfig
+    from air_sdk.scheduler import ClusterConfig, NodeSpec
     from air_sdk.store import SqliteStore
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "GatewayOptions",
     "GatewayProcess",
     "build",
     "main",
+    "oversubscription_warning",
     "preflight",
     "running_gateway",
     "security_options",
@@ -157,6 +161,30 @@ def load_cluster(path: Path | None) -> ClusterConfig | None:
         raise AirError(str(exc)) from exc
 
 
+def local_nodes(opts: GatewayOptions) -> list[NodeSpec]:
+    """This machine's virtual nodes as `opts` size them."""
+    from air_sdk.runner.devices import local_virtual_nodes
+
+    return local_virtual_nodes(
+        opts.num_nodes, opts.slots_per_node, oversubscribe=opts.oversubscribe
+    )
+
+
+def oversubscription_warning(opts: GatewayOptions) -> str | None:
+    """What a gateway warns about at start when `opts` let this machine's virtual nodes
+    run more ranks than it has cores (`--oversubscribe`, or a `--slots-per-node` above
+    them); None otherwise (or with a cluster file, or Ray).
+
+    Example:
+        >>> oversubscription_warning(GatewayOptions(num_nodes=1))  # all cores, one node
+    """
+    if opts.backend != "local" or opts.cluster_file is not None:
+        return None
+    from air_sdk.runner.machine import oversubscription
+
+    return oversubscription(local_nodes(opts), cores=os.cpu_count() or 1)
+
+
 def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> Backend:
     """The backend `opts` names. The local backend runs the cluster file's pools as
     virtual nodes of this machine when it has any; on Ray the inventory is the Ray
@@ -165,7 +193,11 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
     if opts.backend == "local":
         from air_sdk.runner import LocalBackend
 
-        return LocalBackend(opts.num_nodes, opts.slots_per_node, nodes=pools or None)
+        warning = None if pools else oversubscription_warning(opts)
+        if warning is not None:
+            log.warning("%s", warning)
+        nodes = pools or local_nodes(opts)
+        return LocalBackend(opts.num_nodes, opts.slots_per_node, nodes=nodes)
     if opts.backend == "ray":
         if pools:
             raise AirError(

@@ -6,6 +6,11 @@ else its last committed checkpoint (work after that is redone by the next
 attempt). Everything else is lost: launch and rendezvous, loading, work after the
 last checkpoint, teardown and backoff. Goodput = productive time / wall time,
 wall time running from the first attempt's start to the job's end (or now).
+
+A job that never logs a step (a plain torchrun script, no air.log) has no first step:
+its productive time starts when every rank of the attempt was up (RUNNING), and ends
+the same way (the end of the attempt that succeeded or still runs, else its last
+committed checkpoint; with none, a failed attempt's time was all redone, so all lost).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ class AttemptTimes:
     first_progress_ts: float | None
     #: wall time of its last committed checkpoint
     last_commit_ts: float | None
+    #: wall time every rank was up (the attempt's RUNNING state); the start of productive
+    #: time for jobs that never log a step
+    ranks_up_ts: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ def account(
         (8.0, 2.0, 0.8)
     """
     by_attempt = {t.attempt: t for t in times}
+    logs_steps = any(t.first_progress_ts is not None for t in times)
     productive: dict[int, float] = {}
     lost: dict[int, float] = {}
     last = attempts[-1].attempt if attempts else None
@@ -70,10 +79,11 @@ def account(
             kept_until = end
         else:
             kept_until = t.last_commit_ts
-        if t.first_progress_ts is None or kept_until is None or kept_until <= t.first_progress_ts:
+        start = t.first_progress_ts if logs_steps else t.ranks_up_ts
+        if start is None or kept_until is None or kept_until <= start:
             productive[a.attempt] = 0.0
         else:
-            productive[a.attempt] = min(end, kept_until) - t.first_progress_ts
+            productive[a.attempt] = min(end, kept_until) - start
         lost[a.attempt] = max(0.0, (end - a.started_at) - productive[a.attempt])
     if not attempts:
         return Accounting({}, {}, 0.0)

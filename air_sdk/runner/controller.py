@@ -388,11 +388,18 @@ class JobController:
             self.job_id, self.attempt
         ).items():
             self._progress.setdefault(rank, RankProgress()).observe(step, progress_ts)
+        for rank, active_ts in self.store.last_active(self.job_id, self.attempt).items():
+            self._progress.setdefault(rank, RankProgress()).active_ts = active_ts
         for rank in self._rank_exits():  # a rank that ended is not hung (its peers may be)
             self._progress.pop(rank, None)
-        stalled = self.hang_policy.stalled(self._progress, time.time())
+        now = time.time()
+        stalled = self.hang_policy.stalled(self._progress, now)
         if stalled:
             self._on_hang(stalled)
+            return
+        silent = self.hang_policy.silent(self._progress, now)
+        if silent:
+            self._on_hang(silent, silent=True)
             return
         for rank in self.straggler_policy.stragglers(self._progress):
             if rank not in self._reported_stragglers:
@@ -409,9 +416,20 @@ class JobController:
                     rank=rank,
                 )
 
-    def _on_hang(self, stalled: list[int]) -> None:
+    def _on_hang(self, stalled: list[int], *, silent: bool = False) -> None:
         assert self.handle is not None
-        timeout = self.hang_policy.timeout_for(self._progress)
+        if silent:
+            timeout = self.hang_policy.silent_timeout()
+            what = (
+                f"no air.log step, no output and no CPU/GPU use from rank"
+                f"{'s' if len(stalled) > 1 else ''} {', '.join(map(str, stalled))}"
+            )
+        else:
+            timeout = self.hang_policy.timeout_for(self._progress)
+            steps = {r: self._progress[r].step for r in stalled}
+            what = f"no progress from rank{'s' if len(stalled) > 1 else ''} " + ", ".join(
+                f"{r} (last step {steps[r]})" for r in stalled
+            )
         stacks = self.backend.rank_stacks(self.handle)
         # Each rank's last collectives, while the ranks still live to dump them.
         collectives = hang_report(
@@ -421,13 +439,10 @@ class JobController:
         # A stopped or wedged rank cannot act on SIGTERM: waiting the full grace only
         # delays the restart (measured: 5 of the 6.8 s past the timeout).
         self._teardown(grace_s=FAILURE_TEARDOWN_GRACE_S)
-        steps = {r: self._progress[r].step for r in stalled}
         failure = FailureInfo(
             attempt=self.attempt,
             kind="hang",
-            reason=f"no progress from rank{'s' if len(stalled) > 1 else ''} "
-            + ", ".join(f"{r} (last step {steps[r]})" for r in stalled)
-            + f" for {timeout:g} s (hang_timeout_s)"
+            reason=f"{what} for {timeout:g} s (hang_timeout_s)"
             + (f"; flight recorder: {collectives.summary}" if collectives else ""),
             rank=(collectives.culprits or stalled)[0] if collectives else stalled[0],
             stalled_ranks=stalled,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from air_sdk.runner.machine import MACHINE_MAX_RANKS_LABEL
 from air_sdk.scheduler import MACHINE_CORES_LABEL, MACHINE_GPUS_LABEL, NodeSpec
 
 
@@ -38,32 +39,54 @@ def detect_gpus() -> list[Gpu]:
 
 
 def local_virtual_nodes(
-    num_nodes: int, slots_per_node: int | None = None, gpus: list[Gpu] | None = None
+    num_nodes: int,
+    slots_per_node: int | None = None,
+    gpus: list[Gpu] | None = None,
+    *,
+    oversubscribe: bool = False,
+    cores: int | None = None,
 ) -> list[NodeSpec]:
     """Split this machine into `num_nodes` virtual nodes.
 
-    GPUs are dealt out evenly (node i gets a contiguous block); without GPUs each
-    node gets `slots_per_node` rank slots, by default the cores divided evenly
-    (at least 1), so a 2-node job on a 2-core laptop fits exactly once.
+    GPUs are dealt out evenly (node i gets a contiguous block). Without GPUs each node
+    offers `slots_per_node` rank slots, by default every core of the machine, and the
+    nodes share the cores: `MACHINE_MAX_RANKS_LABEL` caps the ranks all of them run at
+    once at the core count (`air_sdk.runner.machine`). So on a 2-core laptop a 1-node x
+    2-rank job and a 2-node x 1-rank job both fit, one at a time. `oversubscribe` (or a
+    `slots_per_node` whose total is above the cores) lifts the cap: ranks beyond the
+    cores share them. `cores` defaults to `os.cpu_count()`.
 
     Example:
-        >>> [n.slots for n in local_virtual_nodes(2, gpus=[])] == [max(1, (os.cpu_count() or 1) // 2)] * 2
-        True
+        >>> nodes = local_virtual_nodes(2, gpus=[], cores=2)
+        >>> [n.slots for n in nodes], nodes[0].labels[MACHINE_MAX_RANKS_LABEL]
+        ([2, 2], '2')
+        >>> MACHINE_MAX_RANKS_LABEL in local_virtual_nodes(2, gpus=[], cores=2, oversubscribe=True)[0].labels
+        False
     """
     if num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes}: a gateway needs at least 1 node")
     gpus = detect_gpus() if gpus is None else gpus
     per_node_gpus = len(gpus) // num_nodes if gpus else 0
-    cores = os.cpu_count() or 1
+    cores = cores or os.cpu_count() or 1
     # what the machine has, so a job that can never fit is told the flag that resizes it
     machine = {MACHINE_CORES_LABEL: str(cores), MACHINE_GPUS_LABEL: str(len(gpus))}
+    capped = (
+        not per_node_gpus
+        and not oversubscribe
+        and (slots_per_node is None or slots_per_node * num_nodes <= cores)
+    )
     nodes = []
     for i in range(num_nodes):
         block = tuple(g.index for g in gpus[i * per_node_gpus : (i + 1) * per_node_gpus])
-        default_slots = len(block) or max(1, cores // num_nodes)
+        labels = dict(machine)
+        if capped:
+            labels[MACHINE_MAX_RANKS_LABEL] = str(cores)
         nodes.append(
             NodeSpec(
-                name=f"node-{i}", slots=slots_per_node or default_slots, gpus=block, labels=machine
+                name=f"node-{i}",
+                slots=slots_per_node or len(block) or cores,
+                gpus=block,
+                labels=labels,
             )
         )
     return nodes

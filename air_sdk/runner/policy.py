@@ -20,6 +20,9 @@ from air_sdk.schema import FailureInfo, FailurePolicySpec, RankExit
 #: the exit status of a process ended by SIGTERM (128 + 15)
 SIGTERM_EXIT = 143
 DEFAULT_HANG_TIMEOUT_S = 60.0
+#: how long ranks that never logged a step may show no sign of life (no output, no CPU
+#: or GPU use) before the job is hung, unless hang_timeout_s says otherwise
+DEFAULT_SILENT_HANG_TIMEOUT_S = 300.0
 HANG_STEP_FACTOR = 3.0
 
 
@@ -181,6 +184,9 @@ class RankProgress:
     progress_ts: float | None = None
     #: seconds between consecutive progress reports, most recent last
     intervals: list[float] = field(default_factory=list)
+    #: when the rank last showed any sign of life: a step, an output line, CPU or GPU
+    #: use, or its first report
+    active_ts: float | None = None
 
     def observe(self, step: int | None, progress_ts: float | None) -> None:
         if progress_ts is None or (
@@ -204,13 +210,19 @@ class HangPolicy:
 
     The timeout is the configured one, else max(60 s, 3x the p99 step time seen
     so far): a checkpoint save that takes a few step times is never a hang.
-    Ranks that never report progress (scripts without air.log/heartbeat) are not
-    judged: AIR cannot tell their silence from work.
+
+    Jobs whose ranks never report a step (scripts without air.log/heartbeat) are
+    judged by `silent`: hung when no rank printed, used CPU or kept a GPU busy for the
+    configured timeout, else 300 s. One busy rank is enough to keep the job alive: its
+    peers may be waiting for it in a collective.
 
     Example:
         >>> ranks = {0: RankProgress(5, 100.0), 1: RankProgress(5, 10.0)}
         >>> HangPolicy().stalled(ranks, now=100.0)
         [1]
+        >>> quiet = {0: RankProgress(active_ts=10.0), 1: RankProgress(active_ts=20.0)}
+        >>> HangPolicy(timeout_s=30).silent(quiet, now=45.0), HangPolicy(timeout_s=30).silent(quiet, now=55.0)
+        ([], [0, 1])
     """
 
     timeout_s: float | None = None
@@ -231,6 +243,19 @@ class HangPolicy:
             for r, p in ranks.items()
             if p.progress_ts is not None and now - p.progress_ts > timeout
         )
+
+    def silent_timeout(self) -> float:
+        return self.timeout_s if self.timeout_s is not None else DEFAULT_SILENT_HANG_TIMEOUT_S
+
+    def silent(self, ranks: Mapping[int, RankProgress], now: float) -> list[int]:
+        """Every rank, when none has logged a step and none showed a sign of life (output,
+        CPU or GPU use) for `silent_timeout()`; else none."""
+        if not ranks or any(p.progress_ts is not None for p in ranks.values()):
+            return []
+        seen = [p.active_ts for p in ranks.values() if p.active_ts is not None]
+        if not seen or now - max(seen) <= self.silent_timeout():
+            return []
+        return sorted(ranks)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from air_sdk.runner.backends.base import Backend
 from air_sdk.runner.controller import JobController, JobPaths
+from air_sdk.runner.machine import MachineCap, oversubscribed_by
 from air_sdk.runner.policy import NodeHealthPolicy
 from air_sdk.runner.retention import RetentionPolicy, collect_garbage
 from air_sdk.scheduler import (
@@ -205,12 +206,15 @@ class Runner:
             live = set(self._controllers)
         queued = self.store.list_jobs(states=(JobState.QUEUED,), oldest_first=True, limit=10_000)
         everything = self.backend.inventory()
+        cap = MachineCap.of(everything)
         requests = []
         for job in queued:
             if job.id in live:
                 continue  # its old controller is still letting go of its placement
             req = job_request(job)
             never = fits_ever(req, everything)
+            if never is None and cap is not None:
+                never = cap.never(req)
             if never is not None:
                 self.store.transition(
                     job.id,
@@ -221,11 +225,18 @@ class Runner:
                 )
                 continue
             requests.append(req)
-        decision = self._sched.decide(
-            requests, self.inventory(), self._running_jobs(), self.policy, time.time()
-        )
+        running = self._running_jobs()
+        decision = self._sched.decide(requests, self.inventory(), running, self.policy, time.time())
+        placements = list(decision.placements)
+        explanations = dict(decision.explanations)
+        held_by_cap: list[Placement] = []
+        if cap is not None:  # this machine's virtual nodes share its cores
+            placements, held_by_cap = cap.admit(placements, [r.placement for r in running])
+            busy = [*(r.placement for r in running), *placements]
+            for held in held_by_cap:
+                explanations[held.job_id] = cap.waiting_reason(busy)
         started = []
-        for placement in decision.placements:
+        for placement in placements:
             scheduled = self.store.transition(
                 placement.job_id,
                 JobState.SCHEDULED,
@@ -234,14 +245,18 @@ class Runner:
             )
             if scheduled is None:
                 continue  # cancelled meanwhile
+            crowded = oversubscribed_by(placement, [r.placement for r in running], everything)
+            if crowded is not None:
+                self.store.append_event(scheduled.id, Alert(kind="oversubscribed", detail=crowded))
             self._start_controller(self._controller(scheduled, placement))
             started.append(scheduled.id)
+            running.append(RunningJob(placement, tenant=scheduled.tenant))
         for p in decision.preemptions:
             with self._lock:
                 victim = self._controllers.get(p.victim_job_id)
             if victim is not None and victim.preempt(p.reason):
                 log.info("preempting %s for %s: %s", p.victim_job_id, p.for_job_id, p.reason)
-        self._explanations = decision.explanations
+        self._explanations = explanations
         self._positions = decision.positions
         return started
 

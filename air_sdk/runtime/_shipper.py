@@ -46,6 +46,7 @@ class _Batch:
     exit: dict[str, Any] | None = field(default=None)
     samples: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    busy: bool = False
 
     def to_json(self, rank: int) -> bytes:
         # Plain dicts and json.dumps: no pydantic objects per point on any path.
@@ -62,6 +63,8 @@ class _Batch:
             body["samples"] = self.samples
         if self.checkpoints:
             body["checkpoints"] = self.checkpoints
+        if self.busy:
+            body["busy"] = True
         text = json.dumps(body, separators=(",", ":"))
         if self.points:
             text = f'{text[:-1]},"points":{_points_json(self.points)}}}'
@@ -163,6 +166,7 @@ class MetricsShipper:
         self._num_dropped_lines = 0
         self._line_bytes = 0  # what the pending lines cost, about
         self._heartbeat_pending = False
+        self._busy_pending = False
         self._exit: dict[str, Any] | None = None
         self._samples: list[dict[str, Any]] = []
         self._checkpoints: list[dict[str, Any]] = []
@@ -224,6 +228,15 @@ class MetricsShipper:
             return
         with self._lock:
             self._heartbeat_pending = True
+            self._num_enqueued += 1
+
+    def mark_busy(self) -> None:
+        """Note that the rank used CPU or GPU since the last report (its NodeRunner's
+        reading): not progress, but no hang of a script that never calls air.log."""
+        if not self._enabled:
+            return
+        with self._lock:
+            self._busy_pending = True
             self._num_enqueued += 1
 
     def add_line(self, line: str) -> None:
@@ -328,6 +341,7 @@ class MetricsShipper:
             dropped_lines, self._num_dropped_lines = self._num_dropped_lines, 0
             heartbeat = self._heartbeat_pending
             self._heartbeat_pending = False
+            busy, self._busy_pending = self._busy_pending, False
             rank_exit, self._exit = self._exit, None
             samples, self._samples = self._samples, []
             checkpoints, self._checkpoints = self._checkpoints, []
@@ -335,7 +349,7 @@ class MetricsShipper:
             last_step = self.last_step
         if dropped_lines:
             lines.appendleft(f"[air] {dropped_lines} earlier output lines were dropped")
-        if points or lines or heartbeat or rank_exit or dropped or samples or checkpoints:
+        if points or lines or heartbeat or rank_exit or dropped or samples or checkpoints or busy:
             batches = _split(list(points), list(lines))
             batches[0].dropped_points = dropped
             for batch in batches:
@@ -345,6 +359,7 @@ class MetricsShipper:
             batches[-1].exit = rank_exit
             batches[-1].samples = samples
             batches[-1].checkpoints = checkpoints
+            batches[-1].busy = busy
             for index, batch in enumerate(batches):
                 outcome = self._poster.post(batch.to_json(self.rank))
                 if outcome is PostOutcome.FAILED:

@@ -523,6 +523,10 @@ class WorkerReport(WireModel):
     checkpoints: list[CheckpointRecord] = Field(default_factory=list, max_length=100)
     #: an `@air_sdk.distributed` call ended on this rank: its value (rank 0) or its error
     result: FunctionResult | None = None
+    #: the rank's processes used CPU (or its GPUs were busy) since its last report: its
+    #: NodeRunner's reading, so that a script that never calls air.log is judged hung
+    #: only when it prints nothing and uses nothing (docs/failure-handling.md)
+    busy: bool = False
 
     def payloads(self) -> list[EventPayload]:
         """The events this report becomes, in the order they are stored: metrics, log

@@ -264,7 +264,9 @@ class FailurePolicySpec(_Frozen):
     hang_timeout_s: float | None = Field(
         None,
         gt=0,
-        description="No progress for this long is a hang; default max(60 s, 3x the p99 step time).",
+        description="No progress for this long is a hang; default max(60 s, 3x the p99 step"
+        " time). For a script that never calls air.log: no output and no CPU/GPU use from any"
+        " rank for this long; default 300 s.",
     )
     preemption_grace_s: float = Field(
         30.0, ge=0, le=3600, description="SIGTERM-to-SIGKILL grace when the job is preempted."

@@ -106,18 +106,23 @@ class AttemptStore:
             for r in rows
         ]
 
-    def attempt_times(self, job_id: str) -> list[tuple[int, float | None, float | None]]:
-        """(attempt, first metrics point time, last checkpoint commit time) per attempt."""
+    def attempt_times(
+        self, job_id: str
+    ) -> list[tuple[int, float | None, float | None, float | None]]:
+        """(attempt, first metrics point time, last checkpoint commit time, time every
+        rank was up (RUNNING)) per attempt."""
         rows = self._db.read(
             "SELECT attempt,"
             " MIN(CASE WHEN type = 'metrics' THEN ts END) AS first_progress,"
             " MAX(CASE WHEN type = 'checkpoint' AND json_extract(data, '$.skipped') IS NULL"
-            " THEN ts END) AS last_commit"
+            " THEN ts END) AS last_commit,"
+            " MIN(CASE WHEN type = 'state' AND json_extract(data, '$.state') = 'RUNNING'"
+            " THEN ts END) AS ranks_up"
             " FROM events WHERE job_id = ? AND attempt IS NOT NULL AND type IN"
-            " ('metrics', 'checkpoint') GROUP BY attempt",
+            " ('metrics', 'checkpoint', 'state') GROUP BY attempt",
             (job_id,),
         )
-        return [(r["attempt"], r["first_progress"], r["last_commit"]) for r in rows]
+        return [(r["attempt"], r["first_progress"], r["last_commit"], r["ranks_up"]) for r in rows]
 
     def set_resumed_from(self, job_id: str, attempt: int, step: int | None) -> None:
         with self._db.tx() as c:

@@ -106,12 +106,15 @@ class EventLog:
         heartbeat_step: int | None,
         *,
         progress: bool = False,
+        active: bool = False,
     ) -> None:
         """Append a worker report's events (`WorkerReport.payloads()`, already redacted)
         and note the heartbeat, in one transaction. `progress`
         marks a report from the training loop itself (air.log / air.heartbeat), as
         opposed to its supervisor's output lines or device samples: only those count
-        against hangs."""
+        against hangs of ranks that log steps. `active` marks a report that shows the
+        rank alive otherwise (output lines, CPU or GPU use): hangs of plain scripts. A
+        rank's first report counts as activity (it just started)."""
         now = time.time()
         with self._db.tx() as c:
             for payload in items:
@@ -147,10 +150,21 @@ class EventLog:
                     if alert is not None:
                         self.append(c, job_id, alert, attempt=attempt)
             c.execute(
-                "INSERT INTO heartbeats VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
+                "INSERT INTO heartbeats (job_id, attempt, rank, step, ts, progress_ts, active_ts)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
                 " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts,"
-                " progress_ts = COALESCE(excluded.progress_ts, progress_ts)",
-                (job_id, attempt, rank, heartbeat_step, now, now if progress else None),
+                " progress_ts = COALESCE(excluded.progress_ts, progress_ts),"
+                " active_ts = COALESCE(?, active_ts)",
+                (
+                    job_id,
+                    attempt,
+                    rank,
+                    heartbeat_step,
+                    now,
+                    now if progress else None,
+                    now,
+                    now if progress or active else None,
+                ),
             )
 
     # ---- scrubbing ----------------------------------------------------------------------
@@ -228,3 +242,13 @@ class EventLog:
             (job_id, attempt),
         )
         return {r["rank"]: (r["step"], r["ts"], r["progress_ts"]) for r in rows}
+
+    def last_active(self, job_id: str, attempt: int) -> dict[int, float]:
+        """rank -> the last time it showed it was alive: a step, an output line, CPU or
+        GPU use, or its first report."""
+        rows = self._db.read(
+            "SELECT rank, active_ts FROM heartbeats WHERE job_id = ? AND attempt = ?"
+            " AND active_ts IS NOT NULL",
+            (job_id, attempt),
+        )
+        return {r["rank"]: r["active_ts"] for r in rows}

@@ -125,6 +125,12 @@ def _quota_byte_counts(c: sqlite3.Connection) -> None:
     _add_column(c, "jobs", "metric_bytes", "INTEGER NOT NULL DEFAULT 0")
 
 
+def _rank_activity(c: sqlite3.Connection) -> None:
+    """The time a rank last showed it was alive (an output line, CPU or GPU use): hangs of
+    scripts that never call air.log."""
+    _add_column(c, "heartbeats", "active_ts", "REAL")
+
+
 #: every migration, oldest first: the database's version is how many it has had
 MIGRATIONS: tuple[Migration, ...] = (
     _first_tables,
@@ -132,6 +138,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _queue_order_indexes,
     _worker_token_index,
     _quota_byte_counts,
+    _rank_activity,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

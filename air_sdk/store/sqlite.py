@@ -90,6 +90,7 @@ class SqliteStore:
         self.read_events = events.read_events
         self.last_seq = events.last_seq
         self.heartbeats = events.heartbeats
+        self.last_active = events.last_active
         self.job_redactor = events.job_redactor
 
         self.record_node_failure = nodes.record_node_failure

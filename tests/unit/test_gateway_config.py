@@ -64,3 +64,34 @@ def test_a_flag_out_of_range_is_refused_before_anything_starts(monkeypatch):
     assert result.exit_code == 2
     text = " ".join(result.output.replace("│", " ").split())
     assert "Invalid value for '--port': Input should be greater than or equal to 1" in text
+
+
+@pytest.fixture
+def two_core_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from air_sdk.runner import devices
+
+    monkeypatch.setattr(devices, "detect_gpus", lambda: [])
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+
+
+def test_oversubscribe_is_an_option_and_start_warns_about_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_core_machine: None
+):
+    seen: list[GatewayOptions] = []
+    monkeypatch.setattr(server, "serve", seen.append)
+    argv = ["gateway", "start", "--home", str(tmp_path), "--oversubscribe"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert seen[0].oversubscribe
+    text = " ".join(result.stderr.split())
+    assert "warning: oversubscribed: 2 virtual nodes x 2 slots = 4 ranks on 2 cores" in text
+
+
+def test_the_default_gateway_on_two_cores_runs_one_node_of_two_ranks_without_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_core_machine: None
+):
+    monkeypatch.setattr(server, "serve", lambda opts: None)
+    result = CliRunner().invoke(app, ["gateway", "start", "--home", str(tmp_path)])
+    assert result.exit_code == 0 and "warning" not in result.stderr
+    backend: Any = server.make_backend(GatewayOptions(home=tmp_path))
+    assert [n.slots for n in backend.inventory()] == [2, 2]  # a 1-node x 2-rank job fits

@@ -313,7 +313,7 @@ class NodeRunner:
             if error is not None:  # reported like any rank that failed at once
                 r.tail.append(error)
                 r.returncode, r.ended_at = 127, time.time()
-            r.reporter = _Reporter(env, launch.node, rank.local_rank == 0)
+            r.reporter = _Reporter(env, launch.node, rank.local_rank == 0, pid=r.pid)
             r.pump = threading.Thread(
                 target=self._pump, args=(r,), name=f"air-rank-{rank.rank}", daemon=True
             )
@@ -537,13 +537,16 @@ class NodeRunner:
 
 class _Reporter:
     """A rank's line to the gateway: its shipper (logs, heartbeats, exit), and the node's
-    device sampler on local rank 0. Lines that come before the shipper exists (it
-    loads requests and pydantic first) wait here."""
+    device sampler on local rank 0, and the watch on its CPU/GPU use that keeps a script
+    without air.log from being judged hung while it works (`activity.py`). Lines that
+    come before the shipper exists (it loads requests and pydantic first) wait here."""
 
-    def __init__(self, env: dict[str, str], node: str, samples: bool) -> None:
+    def __init__(self, env: dict[str, str], node: str, samples: bool, pid: int = 0) -> None:
         self._env = env
         self._node = node
         self._samples = samples
+        self._pid = pid
+        self._watch: Any = None
         self._lock = threading.Lock()
         self._early: list[str] = []
         self._shipper: Any = None
@@ -564,6 +567,13 @@ class _Reporter:
 
                 self._sampler = DeviceSampler(self._node, shipper, interval_s=interval)
                 self._sampler.start()
+            if self._pid and shipper.enabled:
+                from air_sdk.runner.node.activity import ActivityWatch, visible_gpus
+
+                self._watch = ActivityWatch(
+                    self._pid, shipper.mark_busy, gpus=visible_gpus(self._env)
+                )
+                self._watch.start()
             with self._lock:
                 for line in self._early:
                     shipper.add_line(line)
@@ -581,6 +591,8 @@ class _Reporter:
 
     def finish(self, ended: Any) -> None:
         self._ready.wait(60)
+        if self._watch is not None:
+            self._watch.stop()
         if self._sampler is not None:
             self._sampler.stop()
         if self._shipper is not None:

@@ -34,6 +34,31 @@ def test_follow_streams_rank_0_between_the_state_lines_and_ends_with_the_summary
     ]
 
 
+def test_the_summary_of_a_plain_script_says_what_is_known_instead_of_dashes(
+    gateway: FakeGateway, script: Path
+) -> None:
+    gateway.steps = 0  # a torchrun script that never calls air.log
+    gateway.ended_record = {"started_at": 100.0, "ended_at": 142.2, "goodput": 0.971}
+    result = invoke("submit", "train.py", "--nodes", "2", "--follow")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-4:] == [
+        "job          j-1 (train)",
+        "final state  SUCCEEDED",
+        "attempts     1",
+        "run          ran 42 s, 2 ranks, exit 0, goodput 97%",
+    ]
+    assert "-" not in "".join(result.stdout.splitlines()[-4:]).replace("j-1", "")
+
+
+def test_logs_follow_ends_with_the_outcome(gateway: FakeGateway, script: Path) -> None:
+    gateway.steps = 0
+    gateway.ended_record = {"started_at": 100.0, "ended_at": 107.0, "goodput": 0.5}
+    invoke("submit", "train.py", "--nodes", "2")
+    result = invoke("logs", "-f", "j-1")
+    assert result.exit_code == 0, result.output
+    assert "job j-1 ended: SUCCEEDED (ran 7 s, 2 ranks, exit 0, goodput 50%)" in result.stderr
+
+
 def test_follow_all_ranks_shows_every_rank_and_a_failure_once(
     gateway: FakeGateway, script: Path
 ) -> None:

@@ -39,3 +39,29 @@ def test_a_running_attempt_counts_up_to_now():
         succeeded=False,
     )
     assert acc.productive_s == {1: 6} and acc.goodput == 0.6
+
+
+def test_a_plain_script_that_succeeded_kept_its_time_from_when_its_ranks_were_up():
+    # no step ever logged: attempt 1 (ranks up at 3) crashed at 20 without a checkpoint,
+    # attempt 2 (started at 22, ranks up at 24) succeeded at 60
+    acc = account(
+        [attempt(1, 0, 20), attempt(2, 22, 60)],
+        [AttemptTimes(1, None, None, ranks_up_ts=3), AttemptTimes(2, None, None, ranks_up_ts=24)],
+        job_ended_at=60,
+        now=60,
+        succeeded=True,
+    )
+    assert acc.productive_s == {1: 0, 2: 36}
+    assert acc.lost_s == {1: 20, 2: 2}
+    assert acc.goodput == 36 / 60
+
+
+def test_a_job_that_logs_steps_still_counts_from_its_first_step():
+    acc = account(
+        [attempt(1, 0, 30)],
+        [AttemptTimes(1, 10, None, ranks_up_ts=2)],
+        job_ended_at=30,
+        now=30,
+        succeeded=True,
+    )
+    assert acc.productive_s == {1: 20}

@@ -307,15 +307,65 @@ def test_the_launch_env_carries_the_models_flops_and_no_recorder_on_cpu(store, t
     assert "AIR_FLIGHT_RECORDER" not in env
 
 
-def test_ranks_that_never_report_progress_are_not_judged(store, tmp_path):
-    ctl, backend = make(store, tmp_path, failure={"hang_timeout_s": 0.01})
+def supervisor_report(store, ctl, rank, ts, *, active):
+    """A report of `rank`'s NodeRunner at wall time `ts`: an output line or CPU use
+    (`active`), or only a device sample (not a sign of the rank's own life)."""
+    import time as _time
+
+    real = _time.time
+    try:
+        _time.time = lambda: ts
+        store.append_worker_events(ctl.job_id, ctl.attempt, rank, [], None, active=active)
+    finally:
+        _time.time = real
+
+
+def test_a_plain_script_silent_and_idle_for_the_timeout_is_hung(store, tmp_path):
+    import time
+
+    ctl, backend = make(store, tmp_path, failure={"hang_timeout_s": 5})
     ctl.step()
-    rank_up(store, ctl, 0)  # the supervisor's "up": not progress
-    rank_up(store, ctl, 1)
+    now = time.time()
+    supervisor_report(store, ctl, 0, now - 30, active=False)  # first report: the rank is up
+    supervisor_report(store, ctl, 1, now - 30, active=False)
+    supervisor_report(store, ctl, 0, now - 1, active=False)  # a device sample, nothing else
+    assert ctl.step() == (JobState.STARTING, JobState.RUNNING)
     ctl._next_progress_check = 0
+    assert ctl.step() == (JobState.RUNNING, JobState.FAILED)
+    failure = store.get_job(ctl.job_id).failure
+    assert failure.kind == "hang" and failure.stalled_ranks == [0, 1]
+    assert failure.reason.startswith(
+        "no air.log step, no output and no CPU/GPU use from ranks 0, 1 for 5 s (hang_timeout_s)"
+    )
+    assert backend.attempts[0].terminated
+
+
+def test_one_busy_rank_keeps_a_plain_script_alive(store, tmp_path):
+    import time
+
+    ctl, backend = make(store, tmp_path, failure={"hang_timeout_s": 5})
+    ctl.step()
+    now = time.time()
+    supervisor_report(store, ctl, 0, now - 30, active=False)  # waits in a collective
+    supervisor_report(store, ctl, 1, now - 30, active=False)
+    supervisor_report(store, ctl, 1, now - 1, active=True)  # computes (CPU) or prints
     ctl.step()
     ctl._next_progress_check = 0
     assert ctl.step()[1] is JobState.RUNNING
+    assert not backend.attempts[0].terminated
+
+
+def test_plain_ranks_get_the_longer_default_when_no_timeout_is_set(store, tmp_path):
+    import time
+
+    ctl, backend = make(store, tmp_path)
+    ctl.step()
+    now = time.time()
+    for rank in (0, 1):
+        supervisor_report(store, ctl, rank, now - 120, active=False)
+    ctl.step()
+    ctl._next_progress_check = 0
+    assert ctl.step()[1] is JobState.RUNNING  # 120 s of silence: under 300 s
 
 
 def test_preemption_restarts_without_charging_the_budget(store, tmp_path):

@@ -11,8 +11,9 @@ from airtest import wait_for
 
 from air_sdk.runner import Runner
 from air_sdk.runner.backends.base import NodeStatus
+from air_sdk.runner.devices import local_virtual_nodes
 from air_sdk.scheduler import NodeSpec, SchedulerPolicy, TenantQuota
-from air_sdk.schema import JobSpec, JobState, Resources
+from air_sdk.schema import Alert, EventType, JobSpec, JobState, Resources
 from air_sdk.store import SqliteStore
 
 
@@ -50,14 +51,26 @@ class RunsUntilStopped:
         return []
 
 
+class TwoCoreLaptop(RunsUntilStopped):
+    """The local backend's default on a 2-core machine: 2 virtual nodes of 2 slots each
+    that share the 2 cores (or, oversubscribed, do not)."""
+
+    def __init__(self, oversubscribe: bool = False) -> None:
+        super().__init__()
+        self.nodes = local_virtual_nodes(2, gpus=[], cores=2, oversubscribe=oversubscribe)
+
+    def inventory(self):
+        return self.nodes
+
+
 @pytest.fixture
 def runner(tmp_path):
     runners = []
 
-    def make(policy=None):
+    def make(policy=None, backend=None):
         r = Runner(
             SqliteStore(tmp_path / "air.db"),
-            RunsUntilStopped(),
+            backend or RunsUntilStopped(),
             tmp_path,
             "http://127.0.0.1:1",
             tick_s=0.02,
@@ -71,9 +84,10 @@ def runner(tmp_path):
         r.stop(timeout_s=5)
 
 
-def submit(runner, *, nodes=2, priority="normal", tenant="default", **spec):
+def submit(runner, *, nodes=2, procs=1, priority="normal", tenant="default", **spec):
+    resources = Resources(nodes=nodes, procs_per_node=procs)
     job, _ = runner.store.create_job(
-        JobSpec(code="pass", resources=Resources(nodes=nodes), priority=priority, **spec),
+        JobSpec(code="pass", resources=resources, priority=priority, **spec),
         tenant=tenant,
     )
     return job.id
@@ -133,3 +147,35 @@ def test_a_job_that_can_never_fit_fails_with_the_reason(runner):
     record = r.store.get_job(big)
     assert record.state is JobState.FAILED
     assert "needs 3 nodes" in record.state_reason
+
+
+def test_a_two_core_machine_runs_a_one_node_two_rank_job_then_the_next(runner):
+    r = runner(backend=TwoCoreLaptop())
+    first = submit(r, nodes=1, procs=2)
+    second = submit(r, nodes=1, procs=2)  # node-1 has 2 free slots, the machine no core
+    assert r.schedule_once() == [first]
+    reason, _ = r.queue_info(second)
+    assert reason == (
+        "waiting: this machine's 2 cores run 2 ranks of other jobs (one rank per core;"
+        " restart the gateway with --oversubscribe to share cores)"
+    )
+    assert state(r, second) is JobState.QUEUED
+
+
+def test_a_job_wider_than_the_cores_fails_with_the_flag_that_allows_it(runner):
+    r = runner(backend=TwoCoreLaptop())
+    wide = submit(r, nodes=2, procs=2)
+    r.schedule_once()
+    record = r.store.get_job(wide)
+    assert record.state is JobState.FAILED
+    assert "the job runs 4 ranks at once; this machine has 2 cores" in record.state_reason
+    assert "--oversubscribe" in record.state_reason
+
+
+def test_an_oversubscribed_machine_runs_it_and_the_job_is_warned(runner):
+    r = runner(backend=TwoCoreLaptop(oversubscribe=True))
+    wide = submit(r, nodes=2, procs=2)
+    assert r.schedule_once() == [wide]
+    alerts = [e.payload_as(Alert) for e in r.store.read_events(wide) if e.type is EventType.ALERT]
+    assert [a.kind for a in alerts] == ["oversubscribed"]
+    assert alerts[0].detail.startswith("4 ranks (this job's 4, other jobs' 0) on 2 cores")

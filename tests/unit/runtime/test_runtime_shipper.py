@@ -204,6 +204,16 @@ def test_heartbeat_posts_progress_without_metrics(gateway: FakeGateway) -> None:
     shipper.close()
 
 
+def test_mark_busy_posts_a_busy_report_that_is_not_progress(gateway: FakeGateway) -> None:
+    shipper = make_shipper(gateway.report_url)
+    shipper.mark_busy()  # the NodeRunner saw the rank use CPU
+    assert shipper.flush(timeout=10)
+    assert gateway.reports == [{"rank": 1, "busy": True}]
+    report = WorkerReport.model_validate(gateway.reports[0])
+    assert report.busy and report.heartbeat_step is None
+    shipper.close()
+
+
 def test_a_fenced_attempt_stops_posting_and_drops_its_data(gateway: FakeGateway) -> None:
     gateway.answers.append((409, {}))
     shipper = make_shipper(gateway.report_url)
