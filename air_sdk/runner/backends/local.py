@@ -18,12 +18,20 @@ everything below it) and, should one not answer, kills what its record names.
 
 `AIR_WARM_RANKS=0` in the gateway's environment turns warm interpreters off
 (every attempt starts its ranks cold); they need Linux.
+
+With a sandbox (`sandbox=` "auto", "bwrap" or "unshare"; `air_sdk.runner.node.sandbox`)
+every rank runs in mount and pid namespaces of its own that hide the gateway's home
+but for the job's own code, attempt, checkpoint and output directories. A
+sandboxed job's ranks start cold: a warm interpreter would have to be sandboxed for
+an attempt directory that does not exist yet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -37,9 +45,11 @@ from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
 from air_sdk.runner.node import _procs
 from air_sdk.runner.node.env import allowed_env
+from air_sdk.runner.node.launch import NodeLaunch
 from air_sdk.runner.node.plan import plan_node
 from air_sdk.runner.node.process import NodeProcess, attempt_record_path
 from air_sdk.runner.node.records import AttemptRecord, failure_marks, log_tail, read_json
+from air_sdk.runner.node.sandbox import Sandbox, SandboxSpec, choose_sandbox, gpu_devices
 from air_sdk.scheduler import NodeSpec
 from air_sdk.schema import WorkerEnv
 
@@ -118,9 +128,18 @@ class LocalBackend:
         *,
         nodes: list[NodeSpec] | None = None,
         warm: bool | None = None,
+        sandbox: str = "off",
+        home: Path | None = None,
+        hidden_files: list[Path] | None = None,
     ) -> None:
         self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
         self.warm = warm_ranks_enabled(warm)
+        #: how ranks are isolated (`choose_sandbox`); the gateway says which at start-up
+        self.sandbox: Sandbox = choose_sandbox(sandbox)
+        #: the gateway's home, hidden from sandboxed ranks (else: found from the job's)
+        self.home = home
+        #: files outside `home` a sandboxed rank must not read (a TLS key)
+        self.hidden_files = [str(p) for p in hidden_files or []]
         self._lock = threading.Lock()
         #: job id -> the directory of its NodeRunners (jobs/<id>/nodes)
         self._jobs: dict[str, Path] = {}
@@ -162,8 +181,11 @@ class LocalBackend:
                 master=master,
                 cuda_visible_devices=",".join(str(g) for g in assignment.gpus),
                 loopback=True,
-                warm=self.warm,
+                warm=self.warm and not self.sandbox.enabled,
             )
+            if self.sandbox.enabled:
+                box = self.sandbox_spec(request.job_id, request.attempt_dir, launch)
+                launch = dataclasses.replace(launch, wrapper=self.sandbox.wrapper(box))
             node_dir = job_nodes / assignment.node
             process = self._kept(node_dir)
             if process is not None:
@@ -178,6 +200,53 @@ class LocalBackend:
             record_path = attempt_record_path(request.attempt_dir, assignment.node)
             attempt.nodes.append(_Node(assignment.node, process, record_path, log_path))
         return attempt
+
+    def sandbox_spec(self, job_id: str, attempt_dir: Path, launch: NodeLaunch) -> SandboxSpec:
+        """What `launch`'s ranks see (`air_sdk.runner.node.sandbox`): the home hidden but
+        for the job's code, attempt, checkpoint and output directories, the job's own
+        /tmp (jobs/<id>/tmp) and /dev/shm, the GPUs. A checkpoint or output directory
+        in the home must be the job's own."""
+        from air_sdk.config import config_file
+        from air_sdk.errors import ConfigError
+        from air_sdk.schema import WorkerEnv
+
+        job_root = attempt_dir.parent.parent
+        home = self.home or job_root.parent.parent
+        writable = [launch.cwd, str(attempt_dir)]
+        env = launch.ranks[0].env if launch.ranks else {}
+        for field in ("checkpoint_dir", "output_dir"):
+            path = env.get(WorkerEnv.env_name(field))
+            if not path or not os.path.isabs(path):  # none, or an fsspec URL
+                continue
+            real = Path(path).resolve()
+            if real.is_relative_to(home.resolve()) and not real.is_relative_to(job_root.resolve()):
+                raise ConfigError(
+                    f"{field.replace('_', ' ')} {path} is in the gateway's home but not in this"
+                    f" job's directory ({job_root}): leave it unset (the default is under the"
+                    " job) or name a directory outside the home"
+                )
+            real.mkdir(parents=True, exist_ok=True)
+            writable.append(path)
+        tmp = job_root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        shm = None
+        if os.path.isdir("/dev/shm"):
+            shm = Path("/dev/shm") / f"air-{job_id}"
+            shm.mkdir(mode=0o700, exist_ok=True)
+        hide = [str(home)]
+        client_dir = config_file().parent
+        if not client_dir.resolve().is_relative_to(home.resolve()) and client_dir.is_dir():
+            hide.append(str(client_dir))  # the client config holds the admin token
+        return SandboxSpec(
+            hide=hide,
+            writable=list(dict.fromkeys(writable)),
+            tmp=str(tmp),
+            shm=str(shm) if shm else None,
+            hide_files=self.hidden_files,
+            read_only=[str(attempt_dir / "nodes")],  # the NodeRunner's records and logs
+            devices=gpu_devices(),
+            cwd=launch.cwd,
+        )
 
     def _kept(self, node_dir: Path) -> NodeProcess | None:
         """The job's NodeRunner of this node, if one runs (from an earlier attempt)."""
@@ -330,6 +399,7 @@ class LocalBackend:
             return
         for node_dir in sorted(job_nodes.glob("*")):
             self._leave(node_dir)
+        shutil.rmtree(Path("/dev/shm") / f"air-{job_id}", ignore_errors=True)
 
     def _leave(self, node_dir: Path) -> None:
         with self._lock:
