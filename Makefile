@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.air-installed
 
-.PHONY: demo test test-quick check lint typecheck doctest browser-deps clean
+.PHONY: demo test test-quick check lint typecheck doctest browser-deps sandbox-deps clean
 
 #: the code `ruff` checks and formats
 LINT_PATHS := air_sdk magics tests benchmarks
@@ -42,11 +42,23 @@ demo: $(STAMP)
 
 ## The whole suite: lint, types and doctests first (fast), then unit + integration with
 ## real gloo workers, notebooks under nbval, JupyterLab driven by a real chromium.
-test: $(STAMP) browser-deps check
+test: $(STAMP) browser-deps sandbox-deps check
 	$(PY) -m pytest -q
 
 ## What a reviewer runs before anything else: ruff, mypy and the docstring examples.
 check: lint typecheck doctest
+
+## Debian's bubblewrap, the sandbox of local ranks (tests/integration/test_sandbox.py needs
+## it on Linux). A no-op when bwrap is there or off Linux; sudo only when not root.
+sandbox-deps:
+	@if [ "$$(uname -s)" = Linux ] && ! command -v bwrap >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		echo "installing Debian's bubblewrap for the sandbox tests (tests/integration/test_sandbox.py)"; \
+		$$SUDO apt-get update -q && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q --no-install-recommends bubblewrap && \
+		command -v bwrap >/dev/null; \
+	fi
 
 ## Debian's chromium for the browser tests (Playwright drives it; never `playwright install`).
 ## A no-op when /usr/bin/chromium is there; sudo only when not root.

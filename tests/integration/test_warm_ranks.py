@@ -118,6 +118,7 @@ def own_gateway_opts(tmp_path_factory, name: str) -> GatewayOptions:
         num_nodes=2,
         slots_per_node=1,
         write_client_config=False,
+        sandbox="off",  # a sandboxed job's ranks start cold (docs/security.md)
     )
 
 

@@ -170,7 +170,7 @@ def is_sandbox_wrapper(argv: list[str]) -> bool:
     """
     if not argv:
         return False
-    return os.path.basename(argv[0]) == "bwrap" or any(a.endswith("_jail.py") for a in argv[:4])
+    return os.path.basename(argv[0]) == "bwrap" or argv[1:3] == ["-S", _JAIL]
 
 
 @dataclass(frozen=True)
