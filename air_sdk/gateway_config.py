@@ -264,6 +264,11 @@ class GatewayOptions(BaseSettings):
         " other jobs' secrets) and other jobs' processes: 'bwrap', 'unshare' (mount + pid"
         " namespaces), 'auto' (bwrap, else unshare, on Linux) or 'off' (docs/security.md).",
     )
+    sandbox_binds: Annotated[tuple[Path, ...], Flag("--sandbox-bind", metavar="DIR")] = Field(
+        (),
+        description="Directory every sandboxed job may write besides its own (shared data or"
+        " outputs; repeat). The rest of the filesystem is read-only to jobs.",
+    )
     allow_unsandboxed_tenants: bool = Field(
         False,
         description="Serve more than one tenant on the local backend although its ranks run"

@@ -201,6 +201,7 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
             sandbox=opts.sandbox,
             home=opts.home,
             hidden_files=[opts.tls_key] if opts.tls_key else None,
+            shared_dirs=list(opts.sandbox_binds),
         )
     if opts.backend == "ray":
         if pools:

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: the env var that turns warm interpreters off ("0") or on ("1", the default)
 WARM_RANKS_ENV = "AIR_WARM_RANKS"
+#: a sandboxed rank's home is read-only: caches (torch hub, Hugging Face, Triton's
+#: kernels) go to the job's own /tmp, kept across its attempts, unless the job says
+SANDBOX_DEFAULTS = {"XDG_CACHE_HOME": "/tmp/.cache", "TRITON_CACHE_DIR": "/tmp/.triton"}
 #: how long a stop may take beyond its grace before the backend kills what is left
 STOP_SLACK_S = 15.0
 #: how long `release` waits for a job's NodeRunners to leave
@@ -131,6 +134,7 @@ class LocalBackend:
         sandbox: str = "off",
         home: Path | None = None,
         hidden_files: list[Path] | None = None,
+        shared_dirs: list[Path] | None = None,
     ) -> None:
         self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
         self.warm = warm_ranks_enabled(warm)
@@ -140,6 +144,11 @@ class LocalBackend:
         self.home = home
         #: files outside `home` a sandboxed rank must not read (a TLS key)
         self.hidden_files = [str(p) for p in hidden_files or []]
+        #: directories every sandboxed job may write (data, outputs: `--sandbox-bind`)
+        self.shared_dirs = [str(p) for p in shared_dirs or []]
+        missing = [p for p in self.shared_dirs if not os.path.isdir(p)]
+        if missing and self.sandbox.enabled:
+            raise ConfigError(f"--sandbox-bind {missing[0]}: no such directory; create it first")
         self._lock = threading.Lock()
         #: job id -> the directory of its NodeRunners (jobs/<id>/nodes)
         self._jobs: dict[str, Path] = {}
@@ -185,7 +194,11 @@ class LocalBackend:
             )
             if self.sandbox.enabled:
                 box = self.sandbox_spec(request.job_id, request.attempt_dir, launch)
-                launch = dataclasses.replace(launch, wrapper=self.sandbox.wrapper(box))
+                launch = dataclasses.replace(
+                    launch,
+                    wrapper=self.sandbox.wrapper(box),
+                    defaults={**launch.defaults, **SANDBOX_DEFAULTS},
+                )
             node_dir = job_nodes / assignment.node
             process = self._kept(node_dir)
             if process is not None:
@@ -242,6 +255,7 @@ class LocalBackend:
             writable=list(dict.fromkeys(writable)),
             tmp=str(tmp),
             shm=str(shm) if shm else None,
+            shared=self.shared_dirs,
             hide_files=self.hidden_files,
             read_only=[str(attempt_dir / "nodes")],  # the NodeRunner's records and logs
             devices=gpu_devices(),

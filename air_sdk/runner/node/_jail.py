@@ -156,7 +156,7 @@ def build(spec: dict) -> None:
     """Steps 1-4 of the module docstring, in this (init) process's namespaces."""
     devices = [f"/dev/{n}" for n in ("null", "zero", "full", "random", "urandom", "tty")]
     devices += spec.get("devices", [])
-    sources = [*devices, spec["tmp"], *spec.get("writable", [])]
+    sources = [*devices, spec["tmp"], *spec.get("shared", []), *spec.get("writable", [])]
     sources += spec.get("read_only", [])
     if spec.get("shm"):
         sources.append(spec["shm"])
@@ -172,6 +172,10 @@ def build(spec: dict) -> None:
     _new_dev(spec, fds, devices)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _bind_fd(fds[spec["tmp"]], "/tmp")
+    for path in spec.get("shared", []):  # before the hiding: a home inside one stays hidden
+        if path in fds:
+            _make_target(path, True)
+            _bind_fd(fds[path], path)
     for path in spec.get("hide", []):
         _make_target(path, True)
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")

@@ -11,6 +11,7 @@ in a mount and a pid namespace of its own where
   empty, except the job's own code, attempt and checkpoint directories (and its
   output directory), bound back read-write at the same paths; the attempt's
   `nodes/` directory (the NodeRunner's records) stays read-only;
+* directories the gateway was told to share (`--sandbox-bind`) are read-write;
 * `/tmp` is the job's own (`jobs/<id>/tmp`), `/dev/shm` the job's own on this node,
   `/dev` holds only null, zero, full, random, urandom, tty and the GPUs
   (`/dev/nvidia*`, `/dev/dri`, `/dev/kfd`, `/dev/infiniband`);
@@ -101,6 +102,8 @@ class SandboxSpec:
     tmp: str
     #: the host directory that is the rank's /dev/shm (None: an empty one)
     shm: str | None = None
+    #: directories every job may write (`--sandbox-bind`), bound before the hiding
+    shared: list[str] = field(default_factory=list)
     #: files that read as empty inside (e.g. a TLS key outside the hidden directories)
     hide_files: list[str] = field(default_factory=list)
     #: directories inside a writable one bound back read-only, when they exist
@@ -131,6 +134,8 @@ def bwrap_argv(spec: SandboxSpec, bwrap: str = "bwrap") -> list[str]:
     if spec.shm is not None:
         argv += ["--bind", spec.shm, "/dev/shm"]
     argv += ["--proc", "/proc", "--bind", spec.tmp, "/tmp"]
+    for path in spec.shared:  # before the hiding: a home inside one stays hidden
+        argv += ["--bind", path, path]
     for path in spec.hide:
         argv += ["--tmpfs", path]
     for path in spec.hide_files:

@@ -27,6 +27,7 @@ SPEC = SandboxSpec(
     writable=["/home/u/air/jobs/j/code", "/home/u/air/jobs/j/attempts/2", "/data/ckpt"],
     tmp="/home/u/air/jobs/j/tmp",
     shm="/dev/shm/air-j",
+    shared=["/data/shared"],
     hide_files=["/etc/air/tls.key"],
     read_only=["/home/u/air/jobs/j/attempts/2/nodes"],
     devices=["/dev/nvidia0", "/dev/nvidiactl", "/dev/dri"],
@@ -46,8 +47,10 @@ def test_bwrap_shows_a_read_only_root_and_hides_the_home_but_the_jobs_directorie
     assert _pairs(argv, "--bind") == [
         ["/dev/shm/air-j", "/dev/shm"],
         ["/home/u/air/jobs/j/tmp", "/tmp"],
+        ["/data/shared", "/data/shared"],  # before the hiding: a home inside stays hidden
         *[[p, p] for p in SPEC.writable],
     ]
+    assert argv.index("/data/shared") < argv.index("--tmpfs")
     # every bind of the job's own comes after the hiding it punches through
     last_hide = max(i for i, a in enumerate(argv) if a == "--tmpfs")
     assert all(argv.index(p) > last_hide for p in SPEC.writable)
