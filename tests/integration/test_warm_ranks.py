@@ -30,6 +30,7 @@ from airtest import (
 from air_sdk.client import Client
 from air_sdk.gateway.server import GatewayOptions, running_gateway, start_detached
 from air_sdk.runner.backends.local import free_port
+from air_sdk.runner.node import _procs
 from air_sdk.runner.node.records import RunnerRecord
 from air_sdk.schema import JobSpec, JobState, Resources
 
@@ -118,7 +119,7 @@ def own_gateway_opts(tmp_path_factory, name: str) -> GatewayOptions:
         num_nodes=2,
         slots_per_node=1,
         write_client_config=False,
-        sandbox="off",  # a sandboxed job's ranks start cold (docs/security.md)
+        sandbox_binds=(tmp_path_factory.getbasetemp(),),  # the jobs read the test's stop file
     )
 
 
@@ -172,7 +173,8 @@ def test_a_restart_after_a_sigkilled_rank_runs_on_warm_interpreters(own_gateway,
         p = psutil.Process(r.pid)
         assert p.create_time() < started_at  # it existed before the attempt
         assert p.environ()["AIR_JOB_ID"] == job.id  # the job's own process
-        assert os.getsid(r.pid) == r.pid  # a session of its own, like a cold rank
+        inner = _procs.payload(r.pid)  # the interpreter, below the job's sandbox if any
+        assert os.getsid(inner) == inner  # a session of its own, like a cold rank
     # and the NodeRunners warm replacements for the attempt after
     wait_for(lambda: warm_interpreters(job.id) - ready, READY_TIMEOUT_S, "replacements")
     stop.touch()

@@ -21,9 +21,9 @@ everything below it) and, should one not answer, kills what its record names.
 
 With a sandbox (`sandbox=` "auto", "bwrap" or "unshare"; `air_sdk.runner.node.sandbox`)
 every rank runs in mount and pid namespaces of its own that hide the gateway's home
-but for the job's own code, attempt, checkpoint and output directories. A
-sandboxed job's ranks start cold: a warm interpreter would have to be sandboxed for
-an attempt directory that does not exist yet.
+but for the job's own code, attempts, checkpoint and output directories. The
+sandbox is the same for every attempt of a job, so warm interpreters start inside
+it too and serve the next attempt.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class LocalBackend:
                 master=master,
                 cuda_visible_devices=",".join(str(g) for g in assignment.gpus),
                 loopback=True,
-                warm=self.warm and not self.sandbox.enabled,
+                warm=self.warm,
             )
             if self.sandbox.enabled:
                 box = self.sandbox_spec(request.job_id, request.attempt_dir, launch)
@@ -216,16 +216,20 @@ class LocalBackend:
 
     def sandbox_spec(self, job_id: str, attempt_dir: Path, launch: NodeLaunch) -> SandboxSpec:
         """What `launch`'s ranks see (`air_sdk.runner.node.sandbox`): the home hidden but
-        for the job's code, attempt, checkpoint and output directories, the job's own
+        for the job's code, attempts, checkpoint and output directories, the job's own
         /tmp (jobs/<id>/tmp) and /dev/shm, the GPUs. A checkpoint or output directory
-        in the home must be the job's own."""
+        in the home must be the job's own. The same for every attempt of the job, so a
+        warm interpreter started in it serves the next attempt."""
         from air_sdk.config import config_file
         from air_sdk.errors import ConfigError
         from air_sdk.schema import WorkerEnv
 
         job_root = attempt_dir.parent.parent
         home = self.home or job_root.parent.parent
-        writable = [launch.cwd, str(attempt_dir)]
+        # every attempt's directory (not only this one's): the next attempt's ranks may
+        # be warm interpreters sandboxed now. The node records in it are the job's own to
+        # spoil; the backend trusts a pid there only below the NodeRunner (`_live_ranks`).
+        writable = [launch.cwd, str(attempt_dir.parent)]
         env = launch.ranks[0].env if launch.ranks else {}
         for field in ("checkpoint_dir", "output_dir"):
             path = env.get(WorkerEnv.env_name(field))
@@ -257,7 +261,6 @@ class LocalBackend:
             shm=str(shm) if shm else None,
             shared=self.shared_dirs,
             hide_files=self.hidden_files,
-            read_only=[str(attempt_dir / "nodes")],  # the NodeRunner's records and logs
             devices=gpu_devices(),
             cwd=launch.cwd,
         )
@@ -301,9 +304,17 @@ class LocalBackend:
                 record = None
             if record is None or record.job_id != job_id or record.attempt != attempt:
                 continue
-            process = NodeProcess(
-                job_nodes / record.node, record.runner_pid, record.runner_create_time
-            )
+            # The NodeRunner as its own record says (jobs/<id>/nodes: no rank can write
+            # it), not as the attempt's record does (a rank can): a live process the
+            # attempt's record names is believed only when the NodeRunner's agrees.
+            node_dir = job_nodes / record.node
+            runner = NodeProcess.find(node_dir)
+            if runner is not None and runner.pid == record.runner_pid:
+                process = runner
+            elif runner is None and not _procs.alive(record.runner_pid, record.runner_create_time):
+                process = NodeProcess(node_dir, record.runner_pid, record.runner_create_time)
+            else:
+                continue
             log_path = attempt_dir / "nodes" / f"{record.node}.log"
             nodes.append(_Node(record.node, process, path, log_path))
         if not any(n.process.alive() for n in nodes):
@@ -349,13 +360,17 @@ class LocalBackend:
         return []
 
     def _live_ranks(self, handle: LocalAttempt) -> dict[int, int]:
+        """{rank: pid} of the attempt's live ranks, from the node records. A pid counts
+        only below its NodeRunner: a job's ranks can write their attempt's records, and
+        must not get another process stack-dumped or killed by naming it there."""
         live = {}
         for node in handle.nodes:
             record = node.record()
             if record is None or record.attempt != handle.attempt:
                 continue
+            below = set(_procs.descendants(node.process.pid))
             for r in record.ranks:
-                if r.returncode is None and _procs.alive(r.pid, r.create_time):
+                if r.returncode is None and r.pid in below and _procs.alive(r.pid, r.create_time):
                     live[r.rank] = r.pid
         return live
 

@@ -146,9 +146,10 @@ def test_a_sandboxed_launch_gets_the_jobs_own_directories(tmp_path, monkeypatch)
     data = tmp_path / "data" / "ckpt"
     spec = backend.sandbox_spec("j1", root / "attempts" / "2", _launch(root, str(data)))
     assert spec.hide == [str(home), str(tmp_path / "cfg" / "air")]
-    assert spec.writable == [str(root / "code"), str(root / "attempts" / "2"), str(data)]
+    # every attempt's directory: the same sandbox serves the next attempt's warm ranks
+    assert spec.writable == [str(root / "code"), str(root / "attempts"), str(data)]
     assert data.is_dir()  # bound in, so it must exist
-    assert spec.read_only == [str(root / "attempts" / "2" / "nodes")]
+    assert spec == backend.sandbox_spec("j1", root / "attempts" / "3", _launch(root, str(data)))
     assert spec.tmp == str(root / "tmp") and (root / "tmp").is_dir()
     assert spec.hide_files == [str(tmp_path / "key.pem")]
     assert spec.cwd == str(root / "code")
@@ -162,3 +163,32 @@ def test_a_checkpoint_dir_in_another_jobs_directory_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="not in this job's directory"):
         backend.sandbox_spec("j1", root / "attempts" / "2", _launch(root, other))
     assert not (home / "jobs" / "j2").exists()
+
+
+def test_a_forged_node_record_gets_no_foreign_process_dumped_or_killed(tmp_path):
+    """A sandboxed job can write its attempts' records: a pid there counts only when it
+    runs below the job's NodeRunner (here this test's process, with no such child)."""
+    import os
+
+    from air_sdk.procs import create_time
+    from air_sdk.runner.backends.local import LocalAttempt, _Node
+    from air_sdk.runner.node.process import NodeProcess, attempt_record_path
+    from air_sdk.runner.node.records import AttemptRecord, RankRecord, write_json
+
+    attempt_dir = tmp_path / "jobs" / "j1" / "attempts" / "1"
+    record_path = attempt_record_path(attempt_dir, "node-0")
+    forged = AttemptRecord(
+        job_id="j1",
+        attempt=1,
+        node="node-0",
+        runner_pid=1,
+        runner_create_time=create_time(1),
+        ranks=[RankRecord(rank=0, local_rank=0, pid=1, create_time=create_time(1))],
+    )
+    write_json(record_path, forged)
+    runner = NodeProcess(tmp_path / "jobs" / "j1" / "nodes" / "node-0", os.getpid(), None)
+    node = _Node("node-0", runner, record_path, attempt_dir / "nodes" / "node-0.log")
+    backend = LocalBackend(1, 1, sandbox="off")
+    assert backend._live_ranks(LocalAttempt("j1", 1, attempt_dir, [node])) == {}
+    # nor does a gateway that restarts adopt pid 1 as the job's NodeRunner
+    assert backend.attach("j1", 1, attempt_dir, 1) is None
