@@ -75,6 +75,9 @@ attempt("air.db", lambda: open(os.path.join(home, "air.db"), "rb").read())
 attempt("air.db-wal", lambda: open(os.path.join(home, "air.db-wal"), "rb").read())
 attempt("secrets", lambda: open(os.path.join(home, "secrets", victim + ".json")).read())
 attempt("victim dir", lambda: os.listdir(os.path.join(home, "jobs", victim)))
+# its own NodeRunner's inbox: a launch written there would start ranks unsandboxed
+own = os.path.join(home, "jobs", os.environ["AIR_JOB_ID"], "nodes")
+attempt("own NodeRunner inbox", lambda: os.listdir(own))
 for pid in pids:
     attempt(f"environ of {pid}", lambda: open(f"/proc/{pid}/environ", "rb").read())
 leaked = []

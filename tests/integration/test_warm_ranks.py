@@ -195,8 +195,23 @@ def test_a_job_restarts_and_succeeds_with_warm_interpreters_off(own_gateway_cold
     job = submit(client, workdir(LOOP), ["60"], max_restarts=1)
     at_step(job, 3)
     os.kill(wait_for(lambda: rank_pid(job.id, 1), 30, "rank 1"), signal.SIGKILL)
-    wait_for(lambda: job.attempts()[-1].attempt == 2, 120, "attempt 2")
-    assert warm_interpreters(job.id) == set()
+    # once attempt 2's ranks are recorded on both nodes (before, a NodeRunner's new
+    # children are not in its records yet and would look like warm interpreters)
+    wait_for(
+        lambda: len([r for r in attempt_records(job.id) if r.attempt == 2 and r.ranks]) == 2,
+        120,
+        "attempt 2 on both nodes",
+    )
+    extra = warm_interpreters(job.id)
+    info = []
+    for pid in extra:
+        try:
+            p = psutil.Process(pid)
+            info.append((pid, p.status(), p.cmdline()[:3], p.environ().get("AIR_ATTEMPT")))
+        except psutil.Error as exc:
+            info.append((pid, str(exc)))
+    info.append([(r.attempt, [x.pid for x in r.ranks]) for r in attempt_records(job.id)])
+    assert extra == set(), info
     record = job.wait(timeout=300)
     assert record.state is JobState.SUCCEEDED, record.state_reason
     assert record.num_restarts == 1

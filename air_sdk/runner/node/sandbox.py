@@ -8,9 +8,9 @@ in a mount and a pid namespace of its own where
 
 * the root filesystem is read-only (python, site-packages, the user's data);
 * `AIR_HOME` and the client config directory (`~/.config/air`, the admin token) are
-  empty, except the job's own code, attempt and checkpoint directories (and its
-  output directory), bound back read-write at the same paths; the attempt's
-  `nodes/` directory (the NodeRunner's records) stays read-only;
+  empty, except the job's own code, attempts and checkpoint directories (and its
+  output directory), bound back read-write at the same paths (the same for every
+  attempt of the job, so warm interpreters start in it too);
 * directories the gateway was told to share (`--sandbox-bind`) are read-write;
 * `/tmp` is the job's own (`jobs/<id>/tmp`), `/dev/shm` the job's own on this node,
   `/dev` holds only null, zero, full, random, urandom, tty and the GPUs
