@@ -144,6 +144,8 @@ class LocalBackend:
         self.home = home
         #: files outside `home` a sandboxed rank must not read (a TLS key)
         self.hidden_files = [str(p) for p in hidden_files or []]
+        #: where each sandboxed job's /dev/shm lives (a tmpfs), one directory per job
+        self.shm_root = Path("/dev/shm")
         #: directories every sandboxed job may write (data, outputs: `--sandbox-bind`)
         self.shared_dirs = [str(p) for p in shared_dirs or []]
         missing = [p for p in self.shared_dirs if not os.path.isdir(p)]
@@ -247,8 +249,8 @@ class LocalBackend:
         tmp = job_root / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         shm = None
-        if os.path.isdir("/dev/shm"):
-            shm = Path("/dev/shm") / f"air-{job_id}"
+        if self.shm_root.is_dir():
+            shm = self.shm_root / f"air-{job_id}"
             shm.mkdir(mode=0o700, exist_ok=True)
         hide = [str(home)]
         client_dir = config_file().parent
@@ -428,7 +430,7 @@ class LocalBackend:
             return
         for node_dir in sorted(job_nodes.glob("*")):
             self._leave(node_dir)
-        shutil.rmtree(Path("/dev/shm") / f"air-{job_id}", ignore_errors=True)
+        shutil.rmtree(self.shm_root / f"air-{job_id}", ignore_errors=True)
 
     def _leave(self, node_dir: Path) -> None:
         with self._lock:

@@ -143,6 +143,8 @@ def test_a_sandboxed_launch_gets_the_jobs_own_directories(tmp_path, monkeypatch)
     home = tmp_path / "home"
     root = home / "jobs" / "j1"
     backend = LocalBackend(1, 1, sandbox="off", home=home, hidden_files=[tmp_path / "key.pem"])
+    backend.shm_root = tmp_path / "shm"
+    backend.shm_root.mkdir()
     data = tmp_path / "data" / "ckpt"
     spec = backend.sandbox_spec("j1", root / "attempts" / "2", _launch(root, str(data)))
     assert spec.hide == [str(home), str(tmp_path / "cfg" / "air")]
@@ -153,12 +155,14 @@ def test_a_sandboxed_launch_gets_the_jobs_own_directories(tmp_path, monkeypatch)
     assert spec.tmp == str(root / "tmp") and (root / "tmp").is_dir()
     assert spec.hide_files == [str(tmp_path / "key.pem")]
     assert spec.cwd == str(root / "code")
+    assert spec.shm == str(tmp_path / "shm" / "air-j1")  # the job's own /dev/shm
 
 
 def test_a_checkpoint_dir_in_another_jobs_directory_is_refused(tmp_path):
     home = tmp_path / "home"
     root = home / "jobs" / "j1"
     backend = LocalBackend(1, 1, sandbox="off", home=home)
+    backend.shm_root = tmp_path / "shm"
     other = str(home / "jobs" / "j2" / "checkpoints")
     with pytest.raises(ConfigError, match="not in this job's directory"):
         backend.sandbox_spec("j1", root / "attempts" / "2", _launch(root, other))
