@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.air-installed
 
-.PHONY: demo test test-quick check lint typecheck doctest browser-deps clean
+.PHONY: demo test test-quick check lint typecheck doctest browser-deps sandbox-deps clean
 
 #: the code `ruff` checks and formats
 LINT_PATHS := air_sdk magics tests benchmarks
@@ -18,7 +18,7 @@ DOCTEST_PATHS := air_sdk/schema air_sdk/scheduler air_sdk/bundle air_sdk/client 
 	air_sdk/runner/backends/ray_rules.py air_sdk/notebook/snapshot_html.py \
 	air_sdk/notebook/job_views.py air_sdk/notebook/monitor_view.py air_sdk/notebook/submit.py \
 	air_sdk/notebook/function.py air_sdk/notebook/capture.py air_sdk/cli/_common.py \
-	air_sdk/cli/job_flags.py air_sdk/planner \
+	air_sdk/cli/job_flags.py air_sdk/planner air_sdk/runner/node/sandbox.py \
 	air_sdk/cli/terminal_views.py air_sdk/cli/script_args.py air_sdk/text.py \
 	air_sdk/procs.py air_sdk/runner/node/_procs.py air_sdk/runner/node/plan.py \
 	air_sdk/runner/node/launch.py air_sdk/runner/retention.py
@@ -44,11 +44,23 @@ demo: $(STAMP)
 
 ## The whole suite: lint, types and doctests first (fast), then unit + integration with
 ## real gloo workers, notebooks under nbval, JupyterLab driven by a real chromium.
-test: $(STAMP) browser-deps check
+test: $(STAMP) browser-deps sandbox-deps check
 	$(PY) -m pytest -q
 
 ## What a reviewer runs before anything else: ruff, mypy and the docstring examples.
 check: lint typecheck doctest
+
+## Debian's bubblewrap, the sandbox of local ranks (tests/integration/test_sandbox.py needs
+## it on Linux). A no-op when bwrap is there or off Linux; sudo only when not root.
+sandbox-deps:
+	@if [ "$$(uname -s)" = Linux ] && ! command -v bwrap >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		echo "installing Debian's bubblewrap for the sandbox tests (tests/integration/test_sandbox.py)"; \
+		$$SUDO apt-get update -q && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q --no-install-recommends bubblewrap && \
+		command -v bwrap >/dev/null; \
+	fi
 
 ## Debian's chromium for the browser tests (Playwright drives it; never `playwright install`).
 ## A no-op when /usr/bin/chromium is there; sudo only when not root.

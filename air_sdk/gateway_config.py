@@ -265,6 +265,22 @@ class GatewayOptions(BaseSettings):
     ray_address: Annotated[str | None, Flag(metavar="ADDRESS")] = Field(
         None, description="Ray cluster to join with --backend ray (default: $RAY_ADDRESS)."
     )
+    sandbox: Literal["auto", "bwrap", "unshare", "off"] = Field(
+        "auto",
+        description="How local ranks are kept from the gateway's files (token, database,"
+        " other jobs' secrets) and other jobs' processes: 'bwrap', 'unshare' (mount + pid"
+        " namespaces), 'auto' (bwrap, else unshare, on Linux) or 'off' (docs/security.md).",
+    )
+    sandbox_binds: Annotated[tuple[Path, ...], Flag("--sandbox-bind", metavar="DIR")] = Field(
+        (),
+        description="Directory every sandboxed job may write besides its own (shared data or"
+        " outputs; repeat). The rest of the filesystem is read-only to jobs.",
+    )
+    allow_unsandboxed_tenants: bool = Field(
+        False,
+        description="Serve more than one tenant on the local backend although its ranks run"
+        " unsandboxed (any job can then read every tenant's secrets).",
+    )
 
     @property
     def url(self) -> str:

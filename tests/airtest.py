@@ -83,12 +83,17 @@ def attempt_records(job_id: str) -> list[AttemptRecord]:
 
 
 def rank_pid(job_id: str, rank: int) -> int | None:
-    """The pid of the training process of `rank`: from its NodeRunner's record (local),
-    else the topmost process whose environment says it is that rank (a Ray node)."""
+    """The pid of the training process of `rank`: from its NodeRunner's record (local;
+    behind a sandbox the interpreter below it, None until the sandbox started it), else
+    the topmost process whose environment says it is that rank (a Ray node)."""
+    from air_sdk.runner.node import _procs
+    from air_sdk.runner.node.sandbox import is_sandbox_wrapper
+
     for record in attempt_records(job_id):
         for r in record.ranks:
             if r.rank == rank and r.returncode is None:
-                return r.pid
+                inner = _procs.payload(r.pid)
+                return None if is_sandbox_wrapper(_procs._cmdline(inner)) else inner
     candidates = {}
     for pid in job_processes(job_id):
         try:

@@ -78,6 +78,8 @@ async def create_tenant(request: Request, ctx: CtxDep, _: SystemAdminDep) -> Ten
 
 def _create_tenant(ctx: GatewayContext, raw: bytes, content_type: str | None) -> TenantInfo:
     body = parse_model(TenantCreate, raw, content_type)
+    if ctx.tenant_refusal is not None:
+        raise HTTPException(409, f"this gateway serves one tenant: {ctx.tenant_refusal}")
     info = ctx.store.create_tenant(body.name)
     if info is None:
         raise HTTPException(409, f"tenant {body.name!r} exists already")

@@ -54,6 +54,8 @@ class GatewayContext:
     store: SqliteStore
     runner: Runner
     home: Path
+    #: why no tenant but the default may be made (an unsandboxed local backend), or None
+    tenant_refusal: str | None = None
 
     @property
     def bundles_dir(self) -> Path:

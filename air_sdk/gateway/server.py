@@ -124,10 +124,39 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         policy=cluster.policy if cluster is not None else None,
         retention=retention_policy(opts),
     )
-    app = create_app(
-        GatewayContext(store=store, runner=runner, home=opts.home), security=security_options(opts)
-    )
+    refusal = tenant_refusal(opts, backend)
+    if refusal is not None and len(store.list_tenants()) > 1:
+        store.close()
+        raise ConfigError(f"this gateway's home has more than one tenant, but {refusal}")
+    ctx = GatewayContext(store=store, runner=runner, home=opts.home, tenant_refusal=refusal)
+    app = create_app(ctx, security=security_options(opts))
     return app, token
+
+
+def sandbox_line(backend: Backend) -> str | None:
+    """What `serve` says about the local backend's sandbox at start-up."""
+    sandbox = getattr(backend, "sandbox", None)
+    return None if sandbox is None else str(sandbox.describe())
+
+
+def tenant_refusal(opts: GatewayOptions, backend: Backend) -> str | None:
+    """Why this gateway may serve only its default tenant, or None: the local backend
+    without a sandbox lets any job read every tenant's secrets (docs/security.md).
+
+    Example:
+        >>> from air_sdk.runner import LocalBackend
+        >>> tenant_refusal(GatewayOptions(), LocalBackend(1, 1, sandbox="off"))[:40]
+        'its ranks run unsandboxed (--sandbox off'
+    """
+    sandbox = getattr(backend, "sandbox", None)
+    if sandbox is None or sandbox.enabled or opts.allow_unsandboxed_tenants:
+        return None
+    return (
+        f"its ranks run unsandboxed ({sandbox.reason}), so any job could read every"
+        " tenant's secrets and the admin token: install bubblewrap (apt-get install"
+        " bubblewrap) or run with --sandbox auto, or start with --allow-unsandboxed-tenants"
+        " if every tenant may see the others' secrets"
+    )
 
 
 def retention_policy(opts: GatewayOptions) -> RetentionPolicy:
@@ -196,8 +225,15 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
         warning = None if pools else oversubscription_warning(opts)
         if warning is not None:
             log.warning("%s", warning)
-        nodes = pools or local_nodes(opts)
-        return LocalBackend(opts.num_nodes, opts.slots_per_node, nodes=nodes)
+        return LocalBackend(
+            opts.num_nodes,
+            opts.slots_per_node,
+            nodes=pools or local_nodes(opts),
+            sandbox=opts.sandbox,
+            home=opts.home,
+            hidden_files=[opts.tls_key] if opts.tls_key else None,
+            shared_dirs=list(opts.sandbox_binds),
+        )
     if opts.backend == "ray":
         if pools:
             raise AirError(
@@ -236,6 +272,9 @@ def serve(opts: GatewayOptions) -> None:
     state_path = opts.home / STATE_FILE
     state_path.write_text(json.dumps(state))
     print(f"AIR gateway on {opts.url} (home {opts.home}); Ctrl-C stops it", flush=True)
+    line = sandbox_line(app.state.air.runner.backend)
+    if line:
+        print(line, flush=True)
     if not is_loopback(opts.host) and opts.tls_cert is None:
         print(
             f"WARNING: plain HTTP on {opts.host} (--insecure-bind): tokens cross the network"

@@ -20,7 +20,13 @@ from air_sdk.runner.backends.local import free_port
 def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     home = tmp_path_factory.mktemp("air-home")
     opts = GatewayOptions(
-        port=free_port(), home=home, num_nodes=2, slots_per_node=1, write_client_config=False
+        port=free_port(),
+        home=home,
+        num_nodes=2,
+        slots_per_node=1,
+        write_client_config=False,
+        # sandboxed jobs may write the tests' tmp_path (outputs they read back)
+        sandbox_binds=(tmp_path_factory.getbasetemp(),),
     )
     gw = start_detached(opts)
     yield gw

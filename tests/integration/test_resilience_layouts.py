@@ -107,7 +107,12 @@ def gateway_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
     """2 virtual nodes of 2 slots: a 2 x 2 job fills them."""
     home = tmp_path_factory.mktemp("air-home")
     opts = GatewayOptions(
-        port=free_port(), home=home, num_nodes=2, slots_per_node=2, write_client_config=False
+        port=free_port(),
+        home=home,
+        num_nodes=2,
+        slots_per_node=2,
+        write_client_config=False,
+        sandbox_binds=(tmp_path_factory.getbasetemp(),),  # the jobs write tmp_path
     )
     gw = start_detached(opts)
     yield gw

@@ -30,6 +30,7 @@ from airtest import (
 from air_sdk.client import Client
 from air_sdk.gateway.server import GatewayOptions, running_gateway, start_detached
 from air_sdk.runner.backends.local import free_port
+from air_sdk.runner.node import _procs
 from air_sdk.runner.node.records import RunnerRecord
 from air_sdk.schema import JobSpec, JobState, Resources
 
@@ -118,6 +119,7 @@ def own_gateway_opts(tmp_path_factory, name: str) -> GatewayOptions:
         num_nodes=2,
         slots_per_node=1,
         write_client_config=False,
+        sandbox_binds=(tmp_path_factory.getbasetemp(),),  # the jobs read the test's stop file
     )
 
 
@@ -171,7 +173,8 @@ def test_a_restart_after_a_sigkilled_rank_runs_on_warm_interpreters(own_gateway,
         p = psutil.Process(r.pid)
         assert p.create_time() < started_at  # it existed before the attempt
         assert p.environ()["AIR_JOB_ID"] == job.id  # the job's own process
-        assert os.getsid(r.pid) == r.pid  # a session of its own, like a cold rank
+        inner = _procs.payload(r.pid)  # the interpreter, below the job's sandbox if any
+        assert os.getsid(inner) == inner  # a session of its own, like a cold rank
     # and the NodeRunners warm replacements for the attempt after
     wait_for(lambda: warm_interpreters(job.id) - ready, READY_TIMEOUT_S, "replacements")
     stop.touch()
@@ -192,8 +195,23 @@ def test_a_job_restarts_and_succeeds_with_warm_interpreters_off(own_gateway_cold
     job = submit(client, workdir(LOOP), ["60"], max_restarts=1)
     at_step(job, 3)
     os.kill(wait_for(lambda: rank_pid(job.id, 1), 30, "rank 1"), signal.SIGKILL)
-    wait_for(lambda: job.attempts()[-1].attempt == 2, 120, "attempt 2")
-    assert warm_interpreters(job.id) == set()
+    # once attempt 2's ranks are recorded on both nodes (before, a NodeRunner's new
+    # children are not in its records yet and would look like warm interpreters)
+    wait_for(
+        lambda: len([r for r in attempt_records(job.id) if r.attempt == 2 and r.ranks]) == 2,
+        120,
+        "attempt 2 on both nodes",
+    )
+    extra = warm_interpreters(job.id)
+    info = []
+    for pid in extra:
+        try:
+            p = psutil.Process(pid)
+            info.append((pid, p.status(), p.cmdline()[:3], p.environ().get("AIR_ATTEMPT")))
+        except psutil.Error as exc:
+            info.append((pid, str(exc)))
+    info.append([(r.attempt, [x.pid for x in r.ranks]) for r in attempt_records(job.id)])
+    assert extra == set(), info
     record = job.wait(timeout=300)
     assert record.state is JobState.SUCCEEDED, record.state_reason
     assert record.num_restarts == 1

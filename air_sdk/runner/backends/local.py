@@ -18,12 +18,20 @@ everything below it) and, should one not answer, kills what its record names.
 
 `AIR_WARM_RANKS=0` in the gateway's environment turns warm interpreters off
 (every attempt starts its ranks cold); they need Linux.
+
+With a sandbox (`sandbox=` "auto", "bwrap" or "unshare"; `air_sdk.runner.node.sandbox`)
+every rank runs in mount and pid namespaces of its own that hide the gateway's home
+but for the job's own code, attempts, checkpoint and output directories. The
+sandbox is the same for every attempt of a job, so warm interpreters start inside
+it too and serve the next attempt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -37,9 +45,11 @@ from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
 from air_sdk.runner.node import _procs
 from air_sdk.runner.node.env import allowed_env
+from air_sdk.runner.node.launch import NodeLaunch
 from air_sdk.runner.node.plan import plan_node
 from air_sdk.runner.node.process import NodeProcess, attempt_record_path
 from air_sdk.runner.node.records import AttemptRecord, failure_marks, log_tail, read_json
+from air_sdk.runner.node.sandbox import Sandbox, SandboxSpec, choose_sandbox, gpu_devices
 from air_sdk.scheduler import NodeSpec
 from air_sdk.schema import WorkerEnv
 
@@ -47,6 +57,9 @@ log = logging.getLogger(__name__)
 
 #: the env var that turns warm interpreters off ("0") or on ("1", the default)
 WARM_RANKS_ENV = "AIR_WARM_RANKS"
+#: a sandboxed rank's home is read-only: caches (torch hub, Hugging Face, Triton's
+#: kernels) go to the job's own /tmp, kept across its attempts, unless the job says
+SANDBOX_DEFAULTS = {"XDG_CACHE_HOME": "/tmp/.cache", "TRITON_CACHE_DIR": "/tmp/.triton"}
 #: how long a stop may take beyond its grace before the backend kills what is left
 STOP_SLACK_S = 15.0
 #: how long `release` waits for a job's NodeRunners to leave
@@ -118,9 +131,26 @@ class LocalBackend:
         *,
         nodes: list[NodeSpec] | None = None,
         warm: bool | None = None,
+        sandbox: str = "off",
+        home: Path | None = None,
+        hidden_files: list[Path] | None = None,
+        shared_dirs: list[Path] | None = None,
     ) -> None:
         self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
         self.warm = warm_ranks_enabled(warm)
+        #: how ranks are isolated (`choose_sandbox`); the gateway says which at start-up
+        self.sandbox: Sandbox = choose_sandbox(sandbox)
+        #: the gateway's home, hidden from sandboxed ranks (else: found from the job's)
+        self.home = home
+        #: files outside `home` a sandboxed rank must not read (a TLS key)
+        self.hidden_files = [str(p) for p in hidden_files or []]
+        #: where each sandboxed job's /dev/shm lives (a tmpfs), one directory per job
+        self.shm_root = Path("/dev/shm")
+        #: directories every sandboxed job may write (data, outputs: `--sandbox-bind`)
+        self.shared_dirs = [str(p) for p in shared_dirs or []]
+        missing = [p for p in self.shared_dirs if not os.path.isdir(p)]
+        if missing and self.sandbox.enabled:
+            raise ConfigError(f"--sandbox-bind {missing[0]}: no such directory; create it first")
         self._lock = threading.Lock()
         #: job id -> the directory of its NodeRunners (jobs/<id>/nodes)
         self._jobs: dict[str, Path] = {}
@@ -164,6 +194,13 @@ class LocalBackend:
                 loopback=True,
                 warm=self.warm,
             )
+            if self.sandbox.enabled:
+                box = self.sandbox_spec(request.job_id, request.attempt_dir, launch)
+                launch = dataclasses.replace(
+                    launch,
+                    wrapper=self.sandbox.wrapper(box),
+                    defaults={**launch.defaults, **SANDBOX_DEFAULTS},
+                )
             node_dir = job_nodes / assignment.node
             process = self._kept(node_dir)
             if process is not None:
@@ -178,6 +215,57 @@ class LocalBackend:
             record_path = attempt_record_path(request.attempt_dir, assignment.node)
             attempt.nodes.append(_Node(assignment.node, process, record_path, log_path))
         return attempt
+
+    def sandbox_spec(self, job_id: str, attempt_dir: Path, launch: NodeLaunch) -> SandboxSpec:
+        """What `launch`'s ranks see (`air_sdk.runner.node.sandbox`): the home hidden but
+        for the job's code, attempts, checkpoint and output directories, the job's own
+        /tmp (jobs/<id>/tmp) and /dev/shm, the GPUs. A checkpoint or output directory
+        in the home must be the job's own. The same for every attempt of the job, so a
+        warm interpreter started in it serves the next attempt."""
+        from air_sdk.config import config_file
+        from air_sdk.errors import ConfigError
+        from air_sdk.schema import WorkerEnv
+
+        job_root = attempt_dir.parent.parent
+        home = self.home or job_root.parent.parent
+        # every attempt's directory (not only this one's): the next attempt's ranks may
+        # be warm interpreters sandboxed now. The node records in it are the job's own to
+        # spoil; the backend trusts a pid there only below the NodeRunner (`_live_ranks`).
+        writable = [launch.cwd, str(attempt_dir.parent)]
+        env = launch.ranks[0].env if launch.ranks else {}
+        for field in ("checkpoint_dir", "output_dir"):
+            path = env.get(WorkerEnv.env_name(field))
+            if not path or not os.path.isabs(path):  # none, or an fsspec URL
+                continue
+            real = Path(path).resolve()
+            if real.is_relative_to(home.resolve()) and not real.is_relative_to(job_root.resolve()):
+                raise ConfigError(
+                    f"{field.replace('_', ' ')} {path} is in the gateway's home but not in this"
+                    f" job's directory ({job_root}): leave it unset (the default is under the"
+                    " job) or name a directory outside the home"
+                )
+            real.mkdir(parents=True, exist_ok=True)
+            writable.append(path)
+        tmp = job_root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        shm = None
+        if self.shm_root.is_dir():
+            shm = self.shm_root / f"air-{job_id}"
+            shm.mkdir(mode=0o700, exist_ok=True)
+        hide = [str(home)]
+        client_dir = config_file().parent
+        if not client_dir.resolve().is_relative_to(home.resolve()) and client_dir.is_dir():
+            hide.append(str(client_dir))  # the client config holds the admin token
+        return SandboxSpec(
+            hide=hide,
+            writable=list(dict.fromkeys(writable)),
+            tmp=str(tmp),
+            shm=str(shm) if shm else None,
+            shared=self.shared_dirs,
+            hide_files=self.hidden_files,
+            devices=gpu_devices(),
+            cwd=launch.cwd,
+        )
 
     def _kept(self, node_dir: Path) -> NodeProcess | None:
         """The job's NodeRunner of this node, if one runs (from an earlier attempt)."""
@@ -218,9 +306,17 @@ class LocalBackend:
                 record = None
             if record is None or record.job_id != job_id or record.attempt != attempt:
                 continue
-            process = NodeProcess(
-                job_nodes / record.node, record.runner_pid, record.runner_create_time
-            )
+            # The NodeRunner as its own record says (jobs/<id>/nodes: no rank can write
+            # it), not as the attempt's record does (a rank can): a live process the
+            # attempt's record names is believed only when the NodeRunner's agrees.
+            node_dir = job_nodes / record.node
+            runner = NodeProcess.find(node_dir)
+            if runner is not None and runner.pid == record.runner_pid:
+                process = runner
+            elif runner is None and not _procs.alive(record.runner_pid, record.runner_create_time):
+                process = NodeProcess(node_dir, record.runner_pid, record.runner_create_time)
+            else:
+                continue
             log_path = attempt_dir / "nodes" / f"{record.node}.log"
             nodes.append(_Node(record.node, process, path, log_path))
         if not any(n.process.alive() for n in nodes):
@@ -266,13 +362,17 @@ class LocalBackend:
         return []
 
     def _live_ranks(self, handle: LocalAttempt) -> dict[int, int]:
+        """{rank: pid} of the attempt's live ranks, from the node records. A pid counts
+        only below its NodeRunner: a job's ranks can write their attempt's records, and
+        must not get another process stack-dumped or killed by naming it there."""
         live = {}
         for node in handle.nodes:
             record = node.record()
             if record is None or record.attempt != handle.attempt:
                 continue
+            below = set(_procs.descendants(node.process.pid))
             for r in record.ranks:
-                if r.returncode is None and _procs.alive(r.pid, r.create_time):
+                if r.returncode is None and r.pid in below and _procs.alive(r.pid, r.create_time):
                     live[r.rank] = r.pid
         return live
 
@@ -330,6 +430,7 @@ class LocalBackend:
             return
         for node_dir in sorted(job_nodes.glob("*")):
             self._leave(node_dir)
+        shutil.rmtree(self.shm_root / f"air-{job_id}", ignore_errors=True)
 
     def _leave(self, node_dir: Path) -> None:
         with self._lock:

@@ -26,6 +26,7 @@ __all__ = [
     "dying",
     "kill",
     "killpg",
+    "payload",
     "set_child_subreaper",
 ]
 
@@ -102,6 +103,34 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [os.fsdecode(a) for a in raw.split(b"\0") if a]
+
+
+def payload(pid: int) -> int:
+    """The process that runs the program behind a sandbox (`air_sdk.runner.node.sandbox`:
+    bwrap or `_jail.py` and their namespace's init stand between); `pid` itself when it
+    is no sandbox, or while the sandbox is still being built.
+
+    Example:
+        >>> payload(os.getpid()) == os.getpid()
+        True
+    """
+    from air_sdk.runner.node.sandbox import is_sandbox_wrapper
+
+    if not is_sandbox_wrapper(_cmdline(pid)):
+        return pid
+    for child in descendants(pid):
+        argv = _cmdline(child)
+        if argv and not is_sandbox_wrapper(argv):
+            return child
+    return pid
+
+
 def kill(pid: int, sig: int) -> None:
     """`os.kill` that ignores a process already gone."""
     try:
@@ -142,6 +171,7 @@ def dump_stacks(pids: Mapping[int, int]) -> dict[int, str]:
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     stacks: dict[int, str] = {}
     for key, pid in sorted(pids.items()):
+        pid = payload(pid)  # the rank's interpreter, not its sandbox
         if not os.path.exists(spy):
             stacks[key] = "no stack: py-spy is not installed (pip install py-spy)"
             continue

@@ -9,7 +9,7 @@ take them over instead of starting cold.
 
 They are the job's own processes: started with the job's environment (less what
 changes per attempt), in the job's code directory, behind the same wrapper as its
-ranks (a sandbox, one day), children of the job's NodeRunner that die with it.
+ranks (the job's sandbox, `sandbox.py`), children of the job's NodeRunner that die with it.
 One starts only once the attempt has run 10 s (its ranks are past their start-up)
 and about a core has been idle for a moment (or 20 s later), at low priority and in
 the NodeRunner's session (with autogroup scheduling a session

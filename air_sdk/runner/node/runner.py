@@ -298,7 +298,12 @@ class NodeRunner:
             if proc is None:
                 try:
                     proc = subprocess.Popen(
-                        _procs.cold_argv(launch.wrapper, launch.command, os.getpid(), env),
+                        _procs.cold_argv(
+                            launch.wrapper,
+                            launch.command,
+                            0 if launch.wrapper else os.getpid(),  # a sandbox forks
+                            env,
+                        ),
                         cwd=launch.cwd,
                         env=env,
                         stdin=subprocess.DEVNULL,
@@ -417,7 +422,7 @@ class NodeRunner:
         with self._changed:
             for r in self._ranks:
                 if r.returncode is None and r.proc is not None and r.proc.poll() is not None:
-                    r.returncode = r.proc.returncode
+                    r.returncode = _sandboxed_returncode(r.proc.returncode, r.node.wrapper)
                     r.ended_at = time.time()
                     ended.append(r)
             if ended:
@@ -457,6 +462,15 @@ class NodeRunner:
 
     def _signal_rank(self, r: _Rank, sig: int) -> None:
         if not r.pid:
+            return
+        if r.node.wrapper:
+            # The rank's own process group, inside its sandbox: a signal to the sandbox's
+            # process would end it, and its namespace with every process in it, at once.
+            target = _procs.payload(r.pid)
+            try:
+                _procs.killpg(os.getpgid(target), sig)
+            except OSError:
+                pass
             return
         try:
             leader = os.getpgid(r.pid) == r.pid
@@ -598,6 +612,19 @@ class _Reporter:
         if self._shipper is not None:
             self._shipper.report_exit(ended)
             self._shipper.close(timeout=FINAL_FLUSH_S)
+
+
+def _sandboxed_returncode(code: int, wrapper: list[str]) -> int:
+    """bwrap exits 128+N when its program was killed by signal N: read it as Popen
+    would (-N), so an OOM kill stays a SIGKILL. `_jail.py` dies by the signal itself.
+
+    Example:
+        >>> _sandboxed_returncode(137, ["bwrap"]), _sandboxed_returncode(137, []), _sandboxed_returncode(1, ["bwrap"])
+        (-9, 137, 1)
+    """
+    if wrapper and os.path.basename(wrapper[0]) == "bwrap" and 128 < code < 128 + 65:
+        return -(code - 128)
+    return code
 
 
 def _describe(status: int) -> str:
