@@ -58,7 +58,7 @@ RULES: dict[str, Rule] = {
     ),
     "runner": rule(
         "runner scheduler store schema errors redact text procs runtime planner",
-        lazily="bundle",
+        lazily="bundle config",  # config: the client config dir a sandbox hides
         never=f"fastapi starlette uvicorn requests {NOTEBOOK_UI}",
     ),
     # the HTTP face may use everything below it; of the client only the local-gateway helper
