@@ -10,6 +10,7 @@ from air_sdk.errors import ConfigError
 
 __all__ = ["output_dir"]
 
+
 def output_dir(
     default: str | os.PathLike[str] = "outputs", *, env: Mapping[str, str] | None = None
 ) -> Path:
