@@ -18,6 +18,8 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+import requests
+
 from air_sdk.errors import TransportError
 from air_sdk.schema.outputs import OutputList
 
@@ -64,6 +66,9 @@ def download(client: Client, job_path: str, listing: OutputList, dest: Path) -> 
             with open(part, "wb") as out:
                 for chunk in response.iter_content(chunk_size=CHUNK_BYTES):
                     out.write(chunk)
+        except requests.RequestException as exc:  # the connection dropped mid-file
+            part.unlink(missing_ok=True)
+            raise client._http.transport_error(exc) from exc
         except BaseException:
             part.unlink(missing_ok=True)
             raise

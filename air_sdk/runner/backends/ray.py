@@ -43,10 +43,10 @@ from air_sdk.runner.backends.ray_rules import (
     LOST_NODE_GRACE_ENV,
     STORAGE_ENV,
     RayNode,
+    check_output_dir,
     checkpoint_dir,
     first_cause,
     gateway_unreachable,
-    is_shared_location,
     local_addresses,
     ray_nodes,
     unhealthy,
@@ -239,17 +239,7 @@ class RayBackend:
             num_nodes=num_nodes,
             storage=self.storage,
         )
-        if (
-            spec.output_dir
-            and num_nodes > 1
-            and not is_shared_location(spec.output_dir, self.storage)
-        ):
-            raise ConfigError(
-                f"output_dir {spec.output_dir!r} is a path on one machine, but this"
-                f" {num_nodes}-node job runs on several Ray nodes: use a directory under the"
-                f" shared storage {self.storage or '(' + STORAGE_ENV + ')'} or an fsspec URL,"
-                " or leave output_dir out"
-            )
+        check_output_dir(spec.output_dir, num_nodes=num_nodes, storage=self.storage)
         with self._lock:
             known = dict(self._known)
         if any(a.node not in known for a in placement.nodes):
