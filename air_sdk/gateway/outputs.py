@@ -8,26 +8,64 @@ gateway serves only the output directory it chose (`Runner.output_dir`): a job t
 named its own `output_dir` is told to read it where it is, since that could name any
 of the gateway's files. Inside the directory, `air_sdk.runner.outputs` refuses paths
 with `..`, symlinks, and a directory swapped for a link.
+
+A file is streamed in chunks, never held whole, and like every answer of the gateway
+it carries no AIR token: `redacted_chunks` replaces each with `***` before a chunk
+leaves, even one that straddles two reads (the redaction middleware only sees one
+chunk at a time, and would hold a sized answer whole).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 
 from air_sdk.errors import ConfigError
 from air_sdk.gateway.app import ERROR_RESPONSES, CtxDep, PrincipalDep
 from air_sdk.gateway.routes import _job_or_404
+from air_sdk.redact import REDACTED, TOKEN_PATTERN_BYTES
 from air_sdk.runner.outputs import OUTPUTS_DIR, checked_root, list_outputs, output_file
 from air_sdk.schema import JobRecord
 from air_sdk.schema.outputs import OutputList
 
-__all__ = ["router"]
+__all__ = ["redacted_chunks", "router"]
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+
+#: bytes read from a file at a time
+CHUNK_BYTES = 1 << 20
+#: the longest AIR token less one byte: what may be the start of a token cut by a read
+_TOKEN_TAIL = len("airw_") + 43 - 1
+
+
+def redacted_chunks(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The bytes of `path` in chunks of about `chunk_bytes`, every AIR token replaced by
+    `***`, including one split across two reads (the last bytes of a read wait for the
+    next one: a token not whole in this read starts within them).
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "log.txt"
+        >>> _ = f.write_bytes(b"token air_" + b"x" * 43 + b" end")
+        >>> b"".join(redacted_chunks(f, chunk_bytes=8))
+        b'token *** end'
+    """
+    redacted = REDACTED.encode()
+    carry = b""
+    with open(path, "rb") as src:
+        while block := src.read(chunk_bytes):
+            data = TOKEN_PATTERN_BYTES.sub(redacted, carry + block)
+            cut = max(len(data) - _TOKEN_TAIL, 0)
+            carry = data[cut:]
+            if cut:
+                yield data[:cut]
+    if carry:
+        yield TOKEN_PATTERN_BYTES.sub(redacted, carry)
 
 
 def _served_dir(ctx: CtxDep, job: JobRecord) -> Path:
@@ -61,13 +99,20 @@ async def job_outputs(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> Outp
     return OutputList(job_id=job.id, directory=str(root), files=files)
 
 
-@router.get("/jobs/{job_id}/outputs/files/{path:path}", response_class=FileResponse)
-def job_output_file(job_id: str, path: str, ctx: CtxDep, principal: PrincipalDep) -> FileResponse:
+@router.get("/jobs/{job_id}/outputs/files/{path:path}", response_class=StreamingResponse)
+def job_output_file(
+    job_id: str, path: str, ctx: CtxDep, principal: PrincipalDep
+) -> StreamingResponse:
     job = _job_or_404(ctx, principal, job_id)
     root = _served_dir(ctx, job)
     try:
         found = output_file(root, path)
     except ConfigError as exc:
         raise HTTPException(404, f"{exc}: list the files with `air outputs {job.id}`") from None
-    # FileResponse streams the file in chunks; the name in a download is the last part
-    return FileResponse(found, media_type="application/octet-stream", filename=found.name)
+    # no Content-Length: the redaction may shorten the file, and the middleware would
+    # hold a sized answer whole to measure it
+    return StreamingResponse(
+        redacted_chunks(found),
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(found.name)}"},
+    )

@@ -92,3 +92,24 @@ def test_another_tenant_gets_nothing(job):
     other = tenancy.client("other")
     assert other.get(f"/v1/jobs/{job_id}/outputs").status_code == 404
     assert other.get(f"/v1/jobs/{job_id}/outputs/files/eval.json").status_code == 404
+
+
+def test_a_token_in_a_file_is_redacted_even_across_reads(job, monkeypatch):
+    import air_sdk.gateway.outputs as outputs
+
+    tenancy, job_id = job
+    token = "airw_" + "A" * 43
+    text = ("x" * 1000 + f" key {token} ") * 3 + "end"
+    (tenancy.home / "outputs" / job_id / "log.txt").write_text(text)
+    for chunk in (7, 64, 1 << 20):  # tokens cut by a read, and whole in one
+        monkeypatch.setattr(outputs.redacted_chunks, "__defaults__", (chunk,))
+        r = tenancy.client("owner").get(f"/v1/jobs/{job_id}/outputs/files/log.txt")
+        assert r.status_code == 200
+        assert r.text == text.replace(token, "***"), chunk
+
+
+def test_a_large_file_is_streamed_not_sized(job):
+    tenancy, job_id = job
+    r = tenancy.client("owner").get(f"/v1/jobs/{job_id}/outputs/files/model/weights.bin")
+    assert "content-length" not in r.headers  # chunked: the gateway never holds it whole
+    assert r.headers["content-disposition"] == "attachment; filename*=UTF-8''weights.bin"
