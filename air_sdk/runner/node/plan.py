@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from air_sdk.planner.worker_env import flops_per_token
-from air_sdk.runner.backends.base import program_argv
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
 from air_sdk.schema import JobSpec
 from air_sdk.schema.worker_env import DEFAULTED_ENV, WorkerEnv
@@ -108,6 +107,10 @@ def plan_node(
         >>> [(r.rank, r.env["LOCAL_RANK"], r.env["WORLD_SIZE"]) for r in n.ranks]
         [(2, '0', '4'), (3, '1', '4')]
     """
+    # here, not at the top: importing the backends package imports local.py, which
+    # imports this module; a Ray node agent (shipped by value) imports this one first
+    from air_sdk.runner.backends.base import program_argv
+
     per_node = spec.resources.ranks_per_node
     world = num_nodes * per_node
     ranks = []
