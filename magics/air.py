@@ -165,6 +165,8 @@ def _job_option_kwargs(option: JobOption) -> dict[str, Any]:
         kwargs["choices"] = option.choices
     elif option.is_mapping:
         kwargs.update(type=_env_pair, action="append")
+    elif option.is_list:
+        kwargs["action"] = "append"
     elif option.type is int:
         kwargs["type"] = _count(info.minimum if info.minimum is not None else -(2**63))
     elif option.type is float:

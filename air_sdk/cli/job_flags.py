@@ -49,6 +49,9 @@ def typer_parameter(option: JobOption) -> inspect.Parameter:
     elif option.is_mapping:
         annotation = list[str] | None  # KEY=VALUE, repeated; parsed in `with_job_options`
         kwargs["show_default"] = False
+    elif option.is_list:
+        annotation = list[str] | None  # NAME, repeated (or NAME,NAME): split by the client
+        kwargs["show_default"] = False
     elif option.is_path:
         annotation = Path | None
         kwargs.update(exists=True, file_okay=False, show_default=False)

@@ -6,6 +6,7 @@
     air jobs / air status [JOB] / air logs -f [JOB] / air metrics JOB / air cancel [JOB]
     air cancel --all                     # every job that has not ended (asks first)
     air checkpoints JOB / air checkpoints export JOB --to model.safetensors
+    air outputs JOB / air outputs JOB --download [DEST]   # files under AIR_OUTPUT_DIR
     air demo                             # a 2-node DDP job end to end
     air admin token create --role viewer # tenants and tokens (admin token)
     air render k8s job.yaml --image IMG  # a Kubeflow TrainJob for Kubernetes
@@ -38,6 +39,7 @@ from air_sdk.cli.gateway import gateway_app
 from air_sdk.cli.gc import gc as gc_command
 from air_sdk.cli.job_flags import with_job_options
 from air_sdk.cli.manifests import render_app
+from air_sdk.cli.outputs import outputs as outputs_command
 from air_sdk.cli.plan import plan_command
 from air_sdk.cli.script_args import ScriptCommand
 from air_sdk.client.options import JobOptions
@@ -384,6 +386,7 @@ def _cancel_all(client: Client, *, yes: bool) -> None:
 
 
 app.command("gc")(gc_command)
+app.command("outputs")(outputs_command)
 
 
 @app.command()

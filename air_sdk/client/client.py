@@ -294,8 +294,9 @@ class Client:
 
         `options` are the job options of `air_sdk.client.options.JobOptions` (the
         same as `air submit`'s flags): nodes, procs_per_node, gpus_per_node, name,
-        env, max_restarts, checkpoint_every, pool, priority, accelerator, the mesh
-        sizes dp_replicate, dp_shard, tp, pp, cp, module and workdir. The bundle is
+        env, env_from_shell, max_restarts, checkpoint_every, output_dir, pool,
+        priority, accelerator, the mesh sizes dp_replicate, dp_shard, tp, pp, cp,
+        module and workdir. The bundle is
         `workdir`: by default the current directory when the script is inside it
         (or for a module), else the script's own directory; `progress` is
         `submit`'s.

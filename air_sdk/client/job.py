@@ -15,9 +15,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -39,6 +41,7 @@ from air_sdk.schema.api import (
     MetricsPage,
 )
 from air_sdk.schema.events import Event, EventType, StateChange
+from air_sdk.schema.outputs import OutputList
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.state import JobState
 
@@ -438,6 +441,28 @@ class Job:
             [10, 20, 30]
         """
         return self.client._get(f"{self._path}/checkpoints", CheckpointList, None)
+
+    def outputs(self) -> OutputList:
+        """The files in the job's output directory (`AIR_OUTPUT_DIR`): path, bytes, mtime.
+
+        Example:
+            >>> [(f.path, f.bytes) for f in job.outputs().files]  # doctest: +SKIP
+            [('model/config.json', 512), ('model/model.safetensors', 497774208)]
+        """
+        return self.client._get(f"{self._path}/outputs", OutputList, None)
+
+    def download_outputs(self, dest: str | os.PathLike[str] | None = None) -> list[Path]:
+        """Download the job's output directory into `dest` (default `./<job id>`), each
+        file under its relative path; the paths written.
+
+        Example:
+            >>> job.download_outputs("runs/7")  # doctest: +SKIP
+            [PosixPath('runs/7/model/config.json'), PosixPath('runs/7/model/model.safetensors')]
+        """
+        from air_sdk.client.outputs import download
+
+        target = Path(dest) if dest is not None else Path(self.id)
+        return download(self.client, self._path, self.outputs(), target)
 
 
 def _parse_event(data: str) -> Event | None:

@@ -27,7 +27,8 @@ Example:
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypedDict, get_args, get_origin, get_type_hints
@@ -43,6 +44,7 @@ __all__ = [
     "JobOptions",
     "Option",
     "job_spec_fields",
+    "shell_env",
 ]
 
 
@@ -131,6 +133,17 @@ class JobOptions(TypedDict, total=False):
             " environment travels.",
         ),
     ]
+    env_from_shell: Annotated[
+        Sequence[str] | None,
+        Option(
+            spec="env",
+            metavar="NAME",
+            help="Copy these variables from your shell into every rank's env (repeat, or"
+            " NAME,NAME). Your shell's environment is not forwarded by default: the job runs"
+            " on other machines and later, secrets would land in the job record, and the"
+            " spec alone should say what a run saw.",
+        ),
+    ]
     max_restarts: Annotated[
         int,
         Option(
@@ -147,8 +160,19 @@ class JobOptions(TypedDict, total=False):
             spec="checkpoint.every_steps",
             metavar="STEPS",
             minimum=1,
-            help="Checkpoint interval in steps, kept in the job spec"
-            " (checkpoint.every_steps) as the training loop's hint.",
+            help="Checkpoint every STEPS steps: ranks get AIR_CHECKPOINT_EVERY, and"
+            " `air.checkpoint.due(step)` is true every STEPS steps.",
+        ),
+    ]
+    output_dir: Annotated[
+        str | None,
+        Option(
+            spec="output_dir",
+            metavar="DIR",
+            help="Where ranks keep their outputs (AIR_OUTPUT_DIR, air.output_dir()): an"
+            " absolute path every node mounts (default: <gateway home>/outputs/<job>, listed"
+            " and fetched with `air outputs JOB`, kept by `air gc`). Relative paths in a job"
+            " land in its code copy, which `air gc` deletes.",
         ),
     ]
     pool: Annotated[
@@ -314,6 +338,11 @@ class JobOption:
         """True for KEY=VALUE options (repeated on a command line)."""
         return get_origin(self.type) is Mapping
 
+    @property
+    def is_list(self) -> bool:
+        """True for NAME options repeated on a command line (or NAME,NAME)."""
+        return get_origin(self.type) is Sequence
+
 
 def _resolve(typed_dict: type) -> tuple[JobOption, ...]:
     options = []
@@ -334,12 +363,46 @@ CELL_OPTIONS: tuple[JobOption, ...] = tuple(o for o in JOB_OPTIONS if o.info.cel
 _BY_NAME = {o.name: o for o in JOB_OPTIONS}
 
 
-def job_spec_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+def shell_env(
+    names: Sequence[str] | str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The variables `names` (each may be "A,B") from `environ` (default: this process's
+    environment), for `env_from_shell`. A name that is not set is a `SpecError`.
+
+    Example:
+        >>> shell_env(["LR", "WANDB_PROJECT,SEED"], {"LR": "0.1", "WANDB_PROJECT": "p", "SEED": "1"})
+        {'LR': '0.1', 'WANDB_PROJECT': 'p', 'SEED': '1'}
+        >>> shell_env(["NOPE"], {})
+        Traceback (most recent call last):
+        ...
+        air_sdk.errors.SpecError: --env-from-shell NOPE: NOPE is not set in this shell; export it first, or pass a value with --env NOPE=VALUE
+    """
+    environ = os.environ if environ is None else environ
+    wanted = [names] if isinstance(names, str) else list(names)
+    env: dict[str, str] = {}
+    for item in wanted:
+        for name in (part.strip() for part in item.split(",")):
+            if not name:
+                continue
+            if name not in environ:
+                raise SpecError(
+                    f"--env-from-shell {name}: {name} is not set in this shell; export it"
+                    f" first, or pass a value with --env {name}=VALUE"
+                )
+            env[name] = environ[name]
+    return env
+
+
+def job_spec_fields(
+    options: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The `JobSpec` fields that job options set, nested by their `spec` paths.
 
     Options left out or None keep the JobSpec default; options without a spec path
-    (`workdir`) are the caller's to read. An unknown name is a `SpecError` that
-    suggests the nearest known one.
+    (`workdir`) are the caller's to read. `env_from_shell` names are read from `environ`
+    (default: this process's environment) into `env`; a name also given in `env` with
+    another value is a `SpecError`. An unknown name is a `SpecError` that suggests the
+    nearest known one.
 
     Example:
         >>> job_spec_fields({"nodes": 2, "name": None, "env": {"LR": "0.1"}})
@@ -360,9 +423,21 @@ def job_spec_fields(options: Mapping[str, Any]) -> dict[str, Any]:
             raise SpecError(f"unknown job option {name!r} ({hint})")
         if value is None or option.info.spec is None:
             continue
+        if option.is_list:  # env_from_shell: merged into env below
+            continue
         *parents, leaf = option.info.spec.split(".")
         target = fields
         for part in parents:
             target = target.setdefault(part, {})
         target[leaf] = dict(value) if option.is_mapping else value
+    names = options.get("env_from_shell")
+    if names:
+        env = fields.setdefault("env", {})
+        for name, value in shell_env(names, environ).items():
+            if env.get(name, value) != value:
+                raise SpecError(
+                    f"{name} is given both by --env and --env-from-shell with different"
+                    " values: keep one"
+                )
+            env[name] = value
     return fields

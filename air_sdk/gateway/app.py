@@ -148,7 +148,7 @@ def create_app(
     Example:
         >>> app = create_app(GatewayContext(store, runner, home))  # doctest: +SKIP
     """
-    from air_sdk.gateway import admin, maintenance, routes
+    from air_sdk.gateway import admin, maintenance, outputs, routes
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -180,6 +180,7 @@ def create_app(
     app.include_router(routes.worker_router)
     app.include_router(admin.router)
     app.include_router(maintenance.router)
+    app.include_router(outputs.router)
     install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
 
     @app.get("/v1/openapi.json", include_in_schema=False)

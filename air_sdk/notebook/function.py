@@ -204,8 +204,8 @@ def distributed(
         show_logs: print the ranks' output (`[rank N] line`) while a call waits.
         **options: job options (`air_sdk.client.options.JobOptions`), as
             `air submit`'s and `%%air train`'s flags name them: `nodes`,
-            `procs_per_node`, `gpus_per_node`, `name`, `env`, `max_restarts`,
-            `checkpoint_every`, `pool`, `priority`, `accelerator`, `timeout`
+            `procs_per_node`, `gpus_per_node`, `name`, `env`, `env_from_shell`,
+            `max_restarts`, `checkpoint_every`, `output_dir`, `pool`, `priority`, `accelerator`, `timeout`
             (seconds, the job's wall-clock limit), the mesh sizes `dp_replicate`,
             `dp_shard`, `tp`, `pp`, `cp`, and `workdir`. Checked here: a bad one
             raises `SpecError` at decoration.

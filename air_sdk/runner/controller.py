@@ -80,9 +80,12 @@ def _blames_the_node(failure: FailureInfo) -> bool:
 
 @dataclass(frozen=True)
 class JobPaths:
-    """Where a job's files live on the gateway host."""
+    """Where a job's files live on the gateway host; `outputs` is its durable output
+    directory (`AIR_OUTPUT_DIR`, `air_sdk.runner.outputs`), kept outside `root` so
+    retention never deletes it."""
 
     root: Path
+    outputs: str | None = None
 
     @property
     def code(self) -> Path:
@@ -302,6 +305,7 @@ class JobController:
             gateway_url=self.gateway_url,
             job_token=token,
             checkpoint_dir=self.spec.checkpoint.dir or str(self.paths.checkpoints),
+            output_dir=self.spec.output_dir or self.paths.outputs,
         )
         request = LaunchRequest(
             job_id=self.job_id,

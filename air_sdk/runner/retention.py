@@ -8,7 +8,9 @@ pass `max_bytes` (oldest first), the directory goes, except its `checkpoints/`:
 a committed checkpoint is the user's work (`air checkpoints export` reads it), so
 it goes only with `include_checkpoints=True`. The job's record, events, logs and
 metrics stay in the database (`air status`, `air logs` still answer).
-An unpacked bundle goes once no job links its files.
+An unpacked bundle goes once no job links its files. A job's output directory
+(`<home>/outputs/<job>`, `air_sdk.runner.outputs`) lies outside `jobs/` and is
+never collected.
 
 Bytes are counted as `du` counts them: a file's blocks once, however many links it
 has, and freed only with its last link.

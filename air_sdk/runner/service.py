@@ -20,6 +20,7 @@ from pathlib import Path
 from air_sdk.runner.backends.base import Backend
 from air_sdk.runner.controller import JobController, JobPaths
 from air_sdk.runner.machine import MachineCap, oversubscribed_by
+from air_sdk.runner.outputs import default_output_dir
 from air_sdk.runner.policy import NodeHealthPolicy
 from air_sdk.runner.retention import RetentionPolicy, collect_garbage
 from air_sdk.scheduler import (
@@ -288,13 +289,24 @@ class Runner:
         self._running = running
         return list(running.values())
 
+    @property
+    def output_storage(self) -> str | None:
+        """The backend's storage every node shares (Ray's `AIR_RAY_STORAGE`), or None."""
+        storage = getattr(self.backend, "storage", None)  # only the Ray backend has one
+        return storage if isinstance(storage, str) and storage else None
+
+    def output_dir(self, job_id: str) -> str:
+        """Where the job keeps its outputs unless it named a place (`AIR_OUTPUT_DIR`):
+        `air_sdk.runner.outputs.default_output_dir` for this gateway and backend."""
+        return default_output_dir(job_id=job_id, home=self.home, storage=self.output_storage)
+
     def _controller(self, job: JobRecord, placement: Placement) -> JobController:
         return JobController(
             self.store,
             self.backend,
             job,
             placement,
-            JobPaths(self.home / "jobs" / job.id),
+            JobPaths(self.home / "jobs" / job.id, outputs=self.output_dir(job.id)),
             self.gateway_url,
             unhealthy_nodes=self.unhealthy_nodes,
             code_cache=self.code_cache,

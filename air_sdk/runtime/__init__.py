@@ -15,6 +15,9 @@ air.shutdown()                        # commit a save in flight, flush, destroy 
 
 Checkpoints: `air.checkpoint.save(state, step=...)`, `step = air.checkpoint.load(state)`
 (see `air_sdk.runtime.checkpoint`); exact data resume: `air.resumable_loader(...)`.
+Files to keep (models, eval results): `air.output_dir()` (the job's `AIR_OUTPUT_DIR`,
+listed by `air outputs JOB`); `air.checkpoint.due(step)` says when `--checkpoint-every`
+asks for a save.
 Graceful preemption: `if air.should_stop(): air.checkpoint.save(...); air.exit_stopped()`.
 Lightning, transformers and accelerate report to AIR with no code change in an AIR
 job; `air.autolog()` does the same elsewhere (docs/integrations.md).
@@ -50,6 +53,7 @@ __all__ = [
     "is_main",
     "log",
     "mesh",
+    "output_dir",
     "parallel",
     "parallelize",
     "pipeline",
@@ -77,6 +81,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(_api, name)
         globals()[name] = value
         return value
+    if name == "output_dir":
+        from air_sdk.runtime._outputs import output_dir
+
+        globals()[name] = output_dir
+        return output_dir
     if name == "autolog":
         from air_sdk.runtime._autolog import autolog
 

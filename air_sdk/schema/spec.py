@@ -350,6 +350,12 @@ class JobSpec(_Frozen):
         " cannot fit its GPUs is then refused at submit.",
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    output_dir: str | None = Field(
+        None,
+        description="Durable directory for the files the job keeps (AIR_OUTPUT_DIR, `air"
+        " outputs`): an absolute path the nodes (and the gateway, to list it) share, or an"
+        " fsspec URL; None: <gateway home>/outputs/<job id> (on Ray, under AIR_RAY_STORAGE).",
+    )
     failure: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
 
@@ -444,6 +450,23 @@ class JobSpec(_Frozen):
                 raise ValueError(f"env {k} is set by AIR for every rank; remove it from env")
             if "\x00" in val or len(val) > MAX_ARG_CHARS:
                 raise ValueError(f"env {k} is over {MAX_ARG_CHARS} characters or holds a NUL")
+        return v
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_ok(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if control_chars(v) or not v.strip():
+            raise ValueError(f"output_dir {shown(v)} is empty or holds control characters")
+        if "://" not in v and not v.startswith("/"):
+            raise ValueError(
+                f"output_dir {v!r} is relative: ranks start in the job's code copy, which"
+                " `air gc` deletes; give an absolute path every node mounts, or leave it out"
+                " for <gateway home>/outputs/<job id>"
+            )
+        if "://" not in v and ".." in v.split("/"):
+            raise ValueError(f"output_dir {v!r} holds '..': give the directory itself")
         return v
 
     @field_validator("bundle_sha256")

@@ -27,7 +27,8 @@ it, the runtime reads it back (`from_env()`), and render/k8s.py uses its names.
 | attempt_dir | AIR_ATTEMPT_DIR | the attempt's directory on this node (exit records, failure-save marks) |
 | checkpoint_dir, checkpoint_keep | AIR_CHECKPOINT_DIR, AIR_CHECKPOINT_KEEP | from the job's CheckpointSpec |
 | parallelism | AIR_PARALLELISM | the resolved mesh sizes (JSON of `Parallelism`) |
-| output_dir | AIR_OUTPUT_DIR | reserved (a later feature) |
+| checkpoint_every | AIR_CHECKPOINT_EVERY | the job's `checkpoint.every_steps` (`--checkpoint-every`): `air.checkpoint.due(step)` |
+| output_dir | AIR_OUTPUT_DIR | the job's durable output directory (`--output-dir`; default `<gateway home>/outputs/<job>`) |
 | flops_per_token | AIR_FLOPS_PER_TOKEN | with `JobSpec.model`: the planner's training FLOPs per token (for MFU) |
 | flight_recorder | AIR_FLIGHT_RECORDER | "1" on GPU jobs: torch's NCCL flight recorder dumps under the attempt dir |
 | autolog, peak_flops, mfu_dtype, count_flops, sample_interval_s | AIR_AUTOLOG, AIR_PEAK_FLOPS, AIR_MFU_DTYPE, AIR_COUNT_FLOPS, AIR_SAMPLE_INTERVAL_S | not set: switches a job may set in its `env` (USER_AIR_ENV) |
@@ -101,9 +102,11 @@ class WorkerEnv(BaseModel):
     attempt_dir: str | None = Field(None, alias="AIR_ATTEMPT_DIR")
     checkpoint_dir: str | None = Field(None, alias="AIR_CHECKPOINT_DIR")
     checkpoint_keep: int | None = Field(None, ge=1, alias="AIR_CHECKPOINT_KEEP")
+    #: the job's `checkpoint.every_steps`: when `air.checkpoint.due(step)` says to save
+    checkpoint_every: int | None = Field(None, ge=1, alias="AIR_CHECKPOINT_EVERY")
     #: JSON of `air_sdk.schema.Parallelism`, resolved for the world size
     parallelism: str | None = Field(None, alias="AIR_PARALLELISM")
-    #: reserved for a later feature: where a rank writes artifacts to keep
+    #: where a rank writes files to keep (`air.output_dir()`, `air outputs JOB`)
     output_dir: str | None = Field(None, alias="AIR_OUTPUT_DIR")
     #: the planner's training FLOPs per token of `JobSpec.model`, for the runtime's MFU
     flops_per_token: float | None = Field(None, gt=0, alias="AIR_FLOPS_PER_TOKEN")

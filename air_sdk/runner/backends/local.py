@@ -224,6 +224,7 @@ class LocalBackend:
         warm interpreter started in it serves the next attempt."""
         from air_sdk.config import config_file
         from air_sdk.errors import ConfigError
+        from air_sdk.runner.outputs import default_output_dir
         from air_sdk.schema import WorkerEnv
 
         job_root = attempt_dir.parent.parent
@@ -238,7 +239,11 @@ class LocalBackend:
             if not path or not os.path.isabs(path):  # none, or an fsspec URL
                 continue
             real = Path(path).resolve()
-            if real.is_relative_to(home.resolve()) and not real.is_relative_to(job_root.resolve()):
+            own = [
+                job_root.resolve(),
+                Path(default_output_dir(job_id=job_id, home=home, storage=None)).resolve(),
+            ]
+            if real.is_relative_to(home.resolve()) and not any(real.is_relative_to(o) for o in own):
                 raise ConfigError(
                     f"{field.replace('_', ' ')} {path} is in the gateway's home but not in this"
                     f" job's directory ({job_root}): leave it unset (the default is under the"

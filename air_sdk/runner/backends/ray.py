@@ -43,6 +43,7 @@ from air_sdk.runner.backends.ray_rules import (
     LOST_NODE_GRACE_ENV,
     STORAGE_ENV,
     RayNode,
+    check_output_dir,
     checkpoint_dir,
     first_cause,
     gateway_unreachable,
@@ -238,6 +239,7 @@ class RayBackend:
             num_nodes=num_nodes,
             storage=self.storage,
         )
+        check_output_dir(spec.output_dir, num_nodes=num_nodes, storage=self.storage)
         with self._lock:
             known = dict(self._known)
         if any(a.node not in known for a in placement.nodes):

@@ -26,6 +26,7 @@ __all__ = [
     "STORAGE_ENV",
     "RayNode",
     "auth_env",
+    "check_output_dir",
     "checkpoint_dir",
     "gateway_unreachable",
     "is_shared_location",
@@ -157,6 +158,27 @@ def checkpoint_dir(
             " node mounts or an fsspec URL (s3://bucket/air), or set checkpoint.dir to one"
         )
     return default
+
+
+def check_output_dir(explicit: str | None, *, num_nodes: int, storage: str | None) -> None:
+    """Refuse a job's own `output_dir` that the nodes of a multi-node Ray job would not
+    share (each would keep its ranks' files on its own disk). The default needs no
+    check: it lies under the shared storage (`air_sdk.runner.outputs`).
+
+    Example:
+        >>> check_output_dir("/tmp/out", num_nodes=2, storage="/mnt/shared")
+        Traceback (most recent call last):
+        ...
+        air_sdk.errors.ConfigError: output_dir '/tmp/out' is a path on one machine, but this 2-node job runs on several Ray nodes: use a directory under the shared storage '/mnt/shared' or an fsspec URL, or leave output_dir out
+        >>> check_output_dir("/mnt/shared/runs/7", num_nodes=2, storage="/mnt/shared")
+    """
+    if explicit and num_nodes > 1 and not is_shared_location(explicit, storage):
+        raise ConfigError(
+            f"output_dir {explicit!r} is a path on one machine, but this {num_nodes}-node job"
+            " runs on several Ray nodes: use a directory under the shared storage"
+            + (f" {storage!r}" if storage else f" (start the gateway with {STORAGE_ENV}=DIR)")
+            + " or an fsspec URL, or leave output_dir out"
+        )
 
 
 def auth_env(env: Mapping[str, str], home: Path | None = None) -> tuple[dict[str, str], str]:

@@ -25,6 +25,7 @@ _STABLE = frozenset(
         "gateway_url",
         "checkpoint_dir",
         "checkpoint_keep",
+        "checkpoint_every",
         "parallelism",
         "output_dir",
         "cuda_visible_devices",
@@ -41,14 +42,17 @@ def attempt_worker(
     gateway_url: str,
     job_token: str,
     checkpoint_dir: str,
+    output_dir: str | None = None,
 ) -> WorkerEnv:
-    """The variables every rank of an attempt shares (the runner's part).
+    """The variables every rank of an attempt shares (the runner's part); `output_dir`
+    is the job's durable output directory (`AIR_OUTPUT_DIR`).
 
     Example:
         >>> w = attempt_worker(job_id="j", attempt=2, spec=JobSpec(entrypoint="t.py"),
-        ...                    gateway_url="http://g", job_token="t", checkpoint_dir="/c")
-        >>> w.restart_count, w.run_id
-        (1, 'j')
+        ...                    gateway_url="http://g", job_token="t", checkpoint_dir="/c",
+        ...                    output_dir="/home/air/outputs/j")
+        >>> w.restart_count, w.run_id, w.output_dir
+        (1, 'j', '/home/air/outputs/j')
     """
     return WorkerEnv(
         job_id=job_id,
@@ -57,6 +61,8 @@ def attempt_worker(
         job_token=job_token,
         checkpoint_dir=checkpoint_dir,
         checkpoint_keep=spec.checkpoint.keep,
+        checkpoint_every=spec.checkpoint.every_steps,  # air.checkpoint.due(step) reads it
+        output_dir=output_dir,
         # validated at submit: the resolved mesh sizes, so no rank repeats the arithmetic
         parallelism=spec.parallelism.resolve(spec.resources.world_size).model_dump_json(),
         # torchrun counts its restarts of the worker group; AIR's attempts do that here

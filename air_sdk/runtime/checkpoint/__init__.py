@@ -9,7 +9,7 @@ state = {"model": model, "optim": optim, "data": loader, "epoch": 0}
 start = air.checkpoint.load(state)        # None: nothing to resume; else the step, state restored
 for step in range((start or 0) + 1, num_steps + 1):
     train_step()
-    if step % 100 == 0:
+    if air.checkpoint.due(step, every=100):    # every 100 steps, or the job's --checkpoint-every
         air.checkpoint.save(state, step=step)  # blocks only while the state is snapshotted
 air.shutdown()                            # commits the save still in flight
 ```
@@ -84,6 +84,7 @@ model as safetensors); the manifest, storage, fork child and failure save live i
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import threading
 from collections.abc import Mapping, MutableMapping
@@ -99,6 +100,7 @@ __all__ = [
     "Checkpointer",
     "close",
     "configure",
+    "due",
     "latest",
     "load",
     "record",
@@ -162,6 +164,45 @@ def configure(
     if previous is not None:
         previous.close()
     return replacement
+
+
+@functools.cache
+def _every_env() -> str:
+    from air_sdk.schema.worker_env import WorkerEnv  # pydantic: loaded when first asked
+
+    return WorkerEnv.env_name("checkpoint_every")
+
+
+def due(step: int, *, every: int | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """True when `step` (counted from 1) is a step to checkpoint at: a multiple of the
+    job's interval (`air submit --checkpoint-every N`, `AIR_CHECKPOINT_EVERY`), or of
+    `every` when the job set none. False at step 0 and when neither sets an interval.
+
+    The job's setting wins over the code's `every`, so one script runs with the interval
+    each submit asks for.
+
+    Example:
+        >>> import air_sdk.runtime as air
+        >>> [s for s in range(1, 11) if air.checkpoint.due(s, env={"AIR_CHECKPOINT_EVERY": "4"})]
+        [4, 8]
+        >>> air.checkpoint.due(6, every=3, env={}), air.checkpoint.due(6, env={})
+        (True, False)
+    """
+    name = _every_env()
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if raw:
+        try:
+            every = int(raw)
+        except ValueError:
+            every = 0
+        if every < 1:
+            raise CheckpointError(
+                f"{name}={raw!r} is not a whole number of steps >= 1: unset it, or"
+                " submit with --checkpoint-every N"
+            )
+    elif every is not None and every < 1:
+        raise CheckpointError(f"every={every}: give a whole number of steps >= 1, or None")
+    return every is not None and step > 0 and step % every == 0
 
 
 def save(state: Mapping[str, Any], step: int, *, block: bool = False) -> None:

@@ -17,6 +17,9 @@ trainers) without a code change, in addition to whatever `report_to` names
 * Every rank heartbeats each optimizer step and each evaluation batch.
 * Each checkpoint the Trainer saves (`output_dir/checkpoint-N`) becomes an AIR
   checkpoint event; `train(resume_from_checkpoint=...)` is reported as the resume.
+* A job submitted with `--checkpoint-every N` (`AIR_CHECKPOINT_EVERY`) also saves every
+  N steps (`air.checkpoint.due`), besides whatever `save_strategy` asks for: the
+  submit decides, as for a script's own loop.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class AirCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step_done(state.global_step)
+        if _due(state.global_step):
+            control.should_save = True  # the Trainer saves after this step's callbacks
         self._mark = time.monotonic()
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -87,6 +92,14 @@ class AirCallback(TrainerCallback):
                 "transformers", _checkpoint_dir(args, state), state.global_step, seconds
             )
         self._mark = time.monotonic()
+
+
+@quiet("transformers checkpoint interval")
+def _due(step: int) -> bool:
+    """True at the steps the job's `--checkpoint-every` names."""
+    from air_sdk.runtime.checkpoint import due
+
+    return due(step)
 
 
 def _checkpoint_dir(args: Any, state: Any) -> str:

@@ -40,6 +40,7 @@ GIVEN: dict[str, Any] = {
     "env": {"LR": "0.1"},
     "max_restarts": 3,
     "checkpoint_every": 50,
+    "output_dir": "/data/runs/7",
     "pool": "cpu",
     "priority": "high",
     "accelerator": "cpu",
@@ -69,10 +70,14 @@ def test_every_declared_default_is_the_jobspec_default():
 
 #: options that name the program (they stand for the script; tested on their own below)
 PROGRAM = {"module"}
+#: options whose values are read here, not copied (tested on their own below)
+FROM_SHELL = {"env_from_shell"}
 
 
 def test_the_test_sets_every_option_that_reaches_the_spec():
-    assert set(GIVEN) | PROGRAM == {o.name for o in JOB_OPTIONS if o.info.spec is not None}
+    assert set(GIVEN) | PROGRAM | FROM_SHELL == {
+        o.name for o in JOB_OPTIONS if o.info.spec is not None
+    }
 
 
 def test_only_the_program_options_stay_off_the_magic():
@@ -103,7 +108,7 @@ def test_client_submit_script_puts_every_option_where_it_belongs(tmp_path, monke
     Client("http://gw.test", token="t").submit_script("train.py", **GIVEN)
     (spec,) = sent
     for option in JOB_OPTIONS:
-        if option.info.spec is not None and option.name not in PROGRAM:
+        if option.info.spec is not None and option.name not in PROGRAM | FROM_SHELL:
             assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
 
 
@@ -235,7 +240,7 @@ def test_air_train_flags_reach_the_spec(monkeypatch, tmp_path):
     shell.run_cell_magic("air", line, "x = 1")
     (spec,) = recorder.specs
     for option in CELL_OPTIONS:
-        if option.info.spec is not None:
+        if option.info.spec is not None and option.name not in FROM_SHELL:
             assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
     shell.user_ns.pop("_air_job", None)
 
@@ -262,7 +267,7 @@ def test_distributed_options_reach_the_spec(tmp_path, monkeypatch):
     train.submit()
     (spec,) = recorder.specs
     for option in CELL_OPTIONS:  # module= names a program: a function is its own
-        if option.info.spec is not None:
+        if option.info.spec is not None and option.name not in FROM_SHELL:
             assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
 
 
@@ -272,3 +277,71 @@ def test_a_function_or_cell_job_refuses_a_module(tmp_path, monkeypatch):
         distributed(client=_Recorder(), module="pkg.train")(print)  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="module= names a program to run"):
         submit_cell(_Recorder(), "print(1)", {}, module="pkg.train")  # type: ignore[arg-type]
+
+
+# -- env from the shell --------------------------------------------------------------------
+
+
+def test_env_from_shell_copies_the_named_variables_on_every_face(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_API_KEY", "k-123")
+    monkeypatch.setenv("SEED", "7")
+    monkeypatch.setenv("NOT_ASKED", "x")
+    (tmp_path / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    want = {"LR": "0.1", "WANDB_API_KEY": "k-123", "SEED": "7"}
+
+    sent: list[JobSpec] = []
+    monkeypatch.setattr(Client, "submit", lambda self, spec, **kw: sent.append(spec))
+    Client("http://gw.test", token="t").submit_script(
+        "train.py", env={"LR": "0.1"}, env_from_shell=["WANDB_API_KEY,SEED"]
+    )
+    assert sent[-1].env == want
+
+    calls: list[dict[str, Any]] = []
+
+    class Recorder:
+        def submit_script(self, script: Path, **kw: Any) -> Any:
+            calls.append(kw)
+            return type("J", (), {"id": "j-1"})()
+
+    monkeypatch.setattr(cli, "make_client", lambda *a, **k: Recorder())
+    argv = ["submit", "train.py", "-e", "LR=0.1", "--env-from-shell", "WANDB_API_KEY"]
+    result = CliRunner().invoke(cli.app, [*argv, "--env-from-shell", "SEED"])
+    assert result.exit_code == 0, result.output
+    assert (
+        job_spec_fields({"env": calls[-1]["env"], "env_from_shell": calls[-1]["env_from_shell"]})[
+            "env"
+        ]
+        == want
+    )
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "air_sdk")
+    recorder = _Recorder()
+    monkeypatch.setattr(air_magics, "make_client", lambda *a, **k: recorder)
+    monkeypatch.setattr(air_magics, "show_monitor", lambda job, **kw: None)
+    line = "train -e LR=0.1 --env-from-shell WANDB_API_KEY --env-from-shell SEED"
+    shell.run_cell_magic("air", line, "x = 1")
+    assert recorder.specs[-1].env == want
+    shell.user_ns.pop("_air_job", None)
+
+
+def test_env_from_shell_refuses_a_name_the_shell_lacks(monkeypatch, tmp_path):
+    monkeypatch.delenv("AIR_TEST_UNSET", raising=False)
+    (tmp_path / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        cli.app, ["submit", "train.py", "--env-from-shell", "AIR_TEST_UNSET"]
+    )
+    assert result.exit_code == 2
+    assert "AIR_TEST_UNSET is not set in this shell; export it first" in result.stderr
+    monkeypatch.setenv("LR", "0.2")
+    with pytest.raises(SpecError, match="LR is given both by --env and --env-from-shell"):
+        job_spec_fields({"env": {"LR": "0.1"}, "env_from_shell": ["LR"]})
+
+
+def test_submit_help_says_the_shell_environment_is_not_forwarded():
+    result = CliRunner().invoke(cli.app, ["submit", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "--env-from-shell" in text and "is not forwarded by default" in text

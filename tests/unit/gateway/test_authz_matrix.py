@@ -58,6 +58,8 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("GET", "/v1/jobs/{job_id}/logs"): READ_OWN,
     ("GET", "/v1/jobs/{job_id}/metrics"): READ_OWN,
     ("GET", "/v1/jobs/{job_id}/checkpoints"): READ_OWN,
+    ("GET", "/v1/jobs/{job_id}/outputs"): READ_OWN,
+    ("GET", "/v1/jobs/{job_id}/outputs/files/{path:path}"): READ_OWN,
     # only the attempt's worker token may report; a user token is not one (401)
     ("POST", "/v1/jobs/{job_id}/attempts/{attempt}/report"): Expect(
         401, 401, 401, 401, 401, 204, 401
@@ -74,6 +76,11 @@ EXPECTED: dict[tuple[str, str], Expect] = {
 }
 
 
+def _fill(template: str, params: dict[str, str]) -> str:
+    """The route's path with `params` in it (a `{path:path}` parameter as `{path}`)."""
+    return template.replace(":path}", "}").format(**params)
+
+
 @pytest.fixture
 def world(tenancy):
     """An ended acme job with one attempt (so streams end), its bundle and worker token,
@@ -85,6 +92,9 @@ def world(tenancy):
     tenancy.tokens["worker"] = worker_token
     sha, data = tenancy.upload("owner")
     spare = tenancy.store.issue_token("acme", "viewer", "spare")[0]
+    outputs = tenancy.home / "outputs" / job["id"]
+    outputs.mkdir(parents=True)
+    (outputs / "result.txt").write_text("42\n")
     counter = itertools.count()
     params = {
         "job_id": job["id"],
@@ -92,6 +102,7 @@ def world(tenancy):
         "sha256": sha,
         "token_id": spare.id,
         "name": "node-0",
+        "path": "result.txt",
     }
 
     def body(method: str, path: str) -> dict[str, Any]:
@@ -126,7 +137,7 @@ def test_authorization_matrix(world):
     tenancy, params, body = world
     failures = []
     for method, template in sorted(app_routes(tenancy.app)):
-        path = template.format(**params)
+        path = _fill(template, params)
         for caller, expected in zip(CALLERS, EXPECTED[(method, template)], strict=True):
             client = tenancy.client(None if caller == "anonymous" else caller)
             r = client.request(method, path, **body(method, template))
@@ -145,7 +156,7 @@ def test_a_guessed_token_gets_what_nobody_gets_and_its_body_is_never_read(world)
     guessed = tenancy.client(Authorization=f"Bearer air_{secrets.token_urlsafe(32)}")
     failures = []
     for method, template in sorted(app_routes(tenancy.app)):
-        path = template.format(**params)
+        path = _fill(template, params)
         expected = EXPECTED[(method, template)].anonymous
         r = guessed.request(method, path, **body(method, template))
         if r.status_code != expected:
@@ -166,8 +177,8 @@ def test_another_tenants_job_is_not_found_exactly_like_a_missing_one(world):
     for template in sorted(p for m, p in EXPECTED if "{job_id}" in p and m == "GET"):
         if "{attempt}" in template:
             continue
-        theirs = other.get(template.format(job_id=job_id))
-        nothing = other.get(template.format(job_id=missing))
+        theirs = other.get(_fill(template, {**params, "job_id": job_id}))
+        nothing = other.get(_fill(template, {**params, "job_id": missing}))
         assert theirs.status_code == nothing.status_code == 404, template
         assert theirs.json()["detail"].replace(job_id, "X") == nothing.json()["detail"].replace(
             missing, "X"

@@ -25,13 +25,14 @@ def _all_answers(tenancy, job_id: str, attempt: int, sha: str) -> dict[str, str]
     """Every readable answer about the job, from every route the app has."""
     params = {"job_id": job_id, "attempt": attempt, "sha256": sha, "token_id": "0" * 32}
     params["name"] = "node-0"
+    params["path"] = "result.txt"
     answers = {}
     for who in ("owner", "viewer", "admin", "sysadmin"):
         client = tenancy.client(who)
         for method, template in sorted(app_routes(tenancy.app)):
             if method not in ("GET", "HEAD") and not template.endswith("/cancel"):
                 continue
-            path = template.format(**params)
+            path = template.replace(":path}", "}").format(**params)
             r = client.request(method, path)
             answers[f"{who} {method} {path}"] = r.text + "".join(
                 f"{k}: {v}\n" for k, v in r.headers.items()
@@ -94,7 +95,13 @@ def test_a_canary_secret_is_in_no_answer_and_not_in_the_database(tenancy, canary
         "key=***;token=***",
         "an honest line",
     ]
+    # a worker token the job wrote into its outputs leaves redacted too
+    outputs = Path(tenancy.home) / "outputs" / job_id
+    outputs.mkdir(parents=True)
+    (outputs / "result.txt").write_text(f"acc 0.9 {worker_token}\n")
     answers = _all_answers(tenancy, job_id, attempt, sha)
+    served = answers[f"owner GET /v1/jobs/{job_id}/outputs/files/result.txt"]
+    assert served.startswith("acc 0.9 ***\n")
     answers["submit"] = submitted.text
     assert len(answers) > 40
     for where, text in answers.items():

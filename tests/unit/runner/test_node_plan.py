@@ -175,3 +175,40 @@ def test_warm_interpreters_are_on_unless_turned_off(monkeypatch):
     monkeypatch.setenv("AIR_WARM_RANKS", "many")
     with pytest.raises(ConfigError, match="AIR_WARM_RANKS='many': give 1"):
         warm_ranks_enabled()
+
+
+def test_the_output_dir_and_checkpoint_interval_reach_every_rank_and_stay_warm():
+    spec = SPEC.model_copy(
+        update={"checkpoint": SPEC.checkpoint.model_copy(update={"every_steps": 25})}
+    )
+    worker = attempt_worker(
+        job_id="j7",
+        attempt=1,
+        spec=spec,
+        gateway_url="http://gw:8470",
+        job_token="airw_t",
+        checkpoint_dir="/ckpt/j7",
+        output_dir="/home/air/outputs/j7",
+    )
+    launch = plan_node(
+        worker=worker,
+        spec=spec,
+        node="node-0",
+        group_rank=0,
+        num_nodes=2,
+        entrypoint="train.py",
+        cwd="/jobs/j7/code",
+        attempt_dir="/jobs/j7/attempts/1",
+        log_path="/jobs/j7/attempts/1/nodes/node-0.log",
+        master=("10.0.0.1", 29400),
+        cuda_visible_devices="",
+        loopback=True,
+        warm=True,
+    )
+    for rank in launch.ranks:
+        assert rank.env["AIR_OUTPUT_DIR"] == "/home/air/outputs/j7"
+        assert rank.env["AIR_CHECKPOINT_EVERY"] == "25"
+    # the same in every attempt: a warm interpreter may start with them
+    assert "AIR_OUTPUT_DIR" not in launch.attempt_env
+    assert "AIR_CHECKPOINT_EVERY" not in launch.attempt_env
+    assert "AIR_CHECKPOINT_EVERY" not in node().ranks[0].env  # no interval asked: none set

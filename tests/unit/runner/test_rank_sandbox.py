@@ -158,6 +158,21 @@ def test_a_sandboxed_launch_gets_the_jobs_own_directories(tmp_path, monkeypatch)
     assert spec.shm == str(tmp_path / "shm" / "air-j1")  # the job's own /dev/shm
 
 
+def test_the_jobs_default_output_dir_in_the_home_is_bound_and_anothers_refused(tmp_path):
+    home = tmp_path / "home"
+    root = home / "jobs" / "j1"
+    backend = LocalBackend(1, 1, sandbox="off", home=home)
+    backend.shm_root = tmp_path / "shm"
+    launch = _launch(root, None)
+    own = home / "outputs" / "j1"  # where `air outputs` reads it (runner.outputs)
+    launch.ranks[0].env["AIR_OUTPUT_DIR"] = str(own)
+    spec = backend.sandbox_spec("j1", root / "attempts" / "2", launch)
+    assert str(own) in spec.writable and own.is_dir()
+    launch.ranks[0].env["AIR_OUTPUT_DIR"] = str(home / "outputs" / "j2")
+    with pytest.raises(ConfigError, match="output dir .* not in this job's directory"):
+        backend.sandbox_spec("j1", root / "attempts" / "2", launch)
+
+
 def test_a_checkpoint_dir_in_another_jobs_directory_is_refused(tmp_path):
     home = tmp_path / "home"
     root = home / "jobs" / "j1"

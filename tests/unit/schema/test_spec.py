@@ -227,3 +227,14 @@ def test_a_module_job_is_one_program_with_a_dotted_name():
         JobSpec(module="pkg/train.py")
     with pytest.raises(ValueError, match="starts with '-': python would read it as an option"):
         JobSpec(entrypoint="-m.py")
+
+
+def test_output_dir_must_be_absolute_or_a_url_and_says_why():
+    assert JobSpec(entrypoint="t.py", output_dir="/data/runs/7").output_dir == "/data/runs/7"
+    assert JobSpec(entrypoint="t.py", output_dir="s3://b/runs").output_dir == "s3://b/runs"
+    with pytest.raises(
+        ValueError, match="'runs/x' is relative: ranks start in the job's code copy"
+    ):
+        JobSpec(entrypoint="t.py", output_dir="runs/x")
+    with pytest.raises(ValueError, match="holds '..'"):
+        JobSpec(entrypoint="t.py", output_dir="/data/../etc")

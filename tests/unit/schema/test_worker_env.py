@@ -39,6 +39,7 @@ def full() -> WorkerEnv:
         attempt_dir="/air/jobs/job-9/attempts/3",
         checkpoint_dir="/ckpt",
         checkpoint_keep=2,
+        checkpoint_every=50,
         parallelism='{"dp_replicate":1,"dp_shard":8,"tp":1,"pp":1,"cp":1}',
         output_dir="/out",
         flops_per_token=855383040.0,

@@ -92,3 +92,14 @@ def test_each_step_is_a_heartbeat_on_ranks_that_log_no_metrics(posted, tmp_path,
     assert posted.points() == []
     steps = posted.heartbeat_steps()
     assert steps and steps == sorted(steps) and steps[-1] == 6
+
+
+def test_the_jobs_checkpoint_interval_makes_the_trainer_save(posted, tmp_path, monkeypatch):
+    monkeypatch.setenv("AIR_CHECKPOINT_EVERY", "2")
+    make_trainer(tmp_path, save_strategy="no").train()
+    assert [c.step for c in posted.commits()] == [2, 4, 6]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-2",
+        "checkpoint-4",
+        "checkpoint-6",
+    ]
