@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from air_sdk.runner.backends.local import LocalBackend
-    from air_sdk.runner.controller import JobController, JobPaths
+    from air_sdk.runner.controller import JobController
+    from air_sdk.runner.job_files import JobPaths
     from air_sdk.runner.policy import FailureAction, FailureDecision, RestartPolicy, diagnose
     from air_sdk.runner.retention import RetentionPolicy
     from air_sdk.runner.service import Runner
@@ -32,7 +33,7 @@ __all__ = [
 _WHERE = {
     "LocalBackend": "air_sdk.runner.backends.local",
     "JobController": "air_sdk.runner.controller",
-    "JobPaths": "air_sdk.runner.controller",
+    "JobPaths": "air_sdk.runner.job_files",
     "FailureAction": "air_sdk.runner.policy",
     "FailureDecision": "air_sdk.runner.policy",
     "RestartPolicy": "air_sdk.runner.policy",

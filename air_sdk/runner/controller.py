@@ -12,14 +12,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
 from air_sdk.runner.flight_recorder import hang_report
-from air_sdk.runner.node.launch import MODULE_PREFIX
+from air_sdk.runner.job_files import JobPaths, entrypoint_of, prepare_code
 from air_sdk.runner.node.plan import attempt_worker
 from air_sdk.runner.policy import (
     FailureAction,
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INLINE_ENTRYPOINT = "__air_main__.py"
 #: after every rank exited 0, how long launchers get to leave on their own
 SUCCESS_EXIT_WAIT_S = 5.0
 #: SIGTERM-to-SIGKILL grace when an attempt already failed (cancel gets the full grace)
@@ -76,27 +74,6 @@ def _blames_the_node(failure: FailureInfo) -> bool:
     return failure.kind == "lost_node" or (
         failure.kind == "crash" and failure.signal in _HARDWARE_SIGNALS
     )
-
-
-@dataclass(frozen=True)
-class JobPaths:
-    """Where a job's files live on the gateway host; `outputs` is its durable output
-    directory (`AIR_OUTPUT_DIR`, `air_sdk.runner.outputs`), kept outside `root` so
-    retention never deletes it."""
-
-    root: Path
-    outputs: str | None = None
-
-    @property
-    def code(self) -> Path:
-        return self.root / "code"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    def attempt(self, n: int) -> Path:
-        return self.root / "attempts" / str(n)
 
 
 class JobController:
@@ -590,38 +567,17 @@ class JobController:
         return {a.node: self.backend.node_log_tail(handle, a.node) for a in self.placement.nodes}
 
     def _ready_code(self) -> str:
-        """Build the job's code dir once (the bundle's files linked from the shared cache
-        when there is one, else unpacked); returns the entrypoint relative to the code dir
-        (`-m MODULE` for a module job: `program_argv` splits it for the supervisor)."""
+        """Build the job's code dir once (`job_files.prepare_code`); returns the
+        entrypoint relative to it (`job_files.entrypoint_of`)."""
         if self._prepare_code and not self._code_ready:
-            from air_sdk.bundle import unpack_bundle
-
-            code = self.paths.code
-            if not code.exists():
-                if self.spec.bundle_sha256:
-                    row = self.store.get_bundle(self.tenant, self.spec.bundle_sha256)
-                    if row is None:
-                        raise FileNotFoundError(
-                            f"bundle {self.spec.bundle_sha256} is not on the gateway"
-                        )
-                    if self._code_cache is not None:
-                        self._code_cache.materialize(
-                            self.spec.bundle_sha256, Path(row["path"]), code
-                        )
-                    else:
-                        unpack_bundle(
-                            Path(row["path"]), code, expected_sha256=self.spec.bundle_sha256
-                        )
-                else:
-                    code.mkdir(parents=True)
-            if self.spec.code is not None:
-                (code / INLINE_ENTRYPOINT).write_text(self.spec.code)
+            bundle = None
+            if self.spec.bundle_sha256:
+                row = self.store.get_bundle(self.tenant, self.spec.bundle_sha256)
+                if row is None:
+                    raise FileNotFoundError(
+                        f"bundle {self.spec.bundle_sha256} is not on the gateway"
+                    )
+                bundle = Path(row["path"])
+            prepare_code(self.paths, self.spec, bundle, self._code_cache)
             self._code_ready = True
-        if self.spec.code is not None:
-            return INLINE_ENTRYPOINT
-        if self.spec.module is not None:  # run from the code dir, as `python -m` would
-            return MODULE_PREFIX + self.spec.module
-        assert self.spec.entrypoint is not None
-        if self._prepare_code and not (self.paths.code / self.spec.entrypoint).is_file():
-            raise FileNotFoundError(f"entrypoint {self.spec.entrypoint} is not in the bundle")
-        return self.spec.entrypoint
+        return entrypoint_of(self.spec, self.paths if self._prepare_code else None)

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from air_sdk.runner.backends.base import Backend
-from air_sdk.runner.controller import JobController, JobPaths
+from air_sdk.runner.controller import JobController
+from air_sdk.runner.job_files import JobPaths
 from air_sdk.runner.machine import MachineCap, oversubscribed_by
 from air_sdk.runner.outputs import default_output_dir
 from air_sdk.runner.policy import NodeHealthPolicy

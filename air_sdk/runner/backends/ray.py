@@ -41,6 +41,7 @@ from air_sdk.runner.backends.ray_connect import connect
 from air_sdk.runner.backends.ray_node import RayNodeAgent
 from air_sdk.runner.backends.ray_rules import (
     LOST_NODE_GRACE_ENV,
+    PASSED_THROUGH_ENV,
     STORAGE_ENV,
     RayNode,
     check_output_dir,
@@ -279,7 +280,7 @@ class RayBackend:
         handle.shape = shape
         worker = request.worker.model_copy(update={"checkpoint_dir": ckpt})
         # a private CA for https gateways (same path on every node)
-        passed = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
+        passed = {k: os.environ[k] for k in PASSED_THROUGH_ENV if k in os.environ}
         for n in nodes:
             launch = plan_node(
                 worker=worker,
@@ -595,7 +596,3 @@ class RayBackend:
                     lines = None
             return (n.notes + list(lines or []))[-num_lines:]
         return []
-
-
-#: gateway env the ranks on Ray nodes get over their node's own (a private CA)
-_PASSED_THROUGH = ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")

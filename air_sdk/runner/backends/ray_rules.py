@@ -22,6 +22,7 @@ from air_sdk.scheduler import NodeSpec
 
 __all__ = [
     "LOST_NODE_GRACE_ENV",
+    "PASSED_THROUGH_ENV",
     "POOL_LABEL",
     "STORAGE_ENV",
     "RayNode",
@@ -37,6 +38,8 @@ __all__ = [
 #: a directory every Ray node mounts (NFS, Lustre, a FUSE bucket) or an fsspec URL
 #: (s3://bucket/air): the default home of checkpoints on Ray
 STORAGE_ENV = "AIR_RAY_STORAGE"
+#: gateway env the ranks on Ray nodes get over their node's own (a private CA)
+PASSED_THROUGH_ENV = ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
 #: how long a node that left the cluster stays in the inventory (unhealthy), so a job
 #: that needs it waits for it or a replacement before being failed as unplaceable
 LOST_NODE_GRACE_ENV = "AIR_RAY_LOST_NODE_GRACE_S"

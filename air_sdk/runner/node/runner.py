@@ -44,6 +44,7 @@ from air_sdk.runner.node import _procs
 from air_sdk.runner.node._warm import WarmPool
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
 from air_sdk.runner.node.records import RankRecord, failure_marks, log_tail
+from air_sdk.runner.node.reporter import RankReporter
 from air_sdk.runtime._flight_recorder import trace_env
 
 __all__ = ["NodeRunner"]
@@ -54,8 +55,6 @@ TAIL_LINES = 50
 #: after a rank exits, how long its output may still drain (a child of the rank may
 #: hold the pipe open) before its exit record is written
 DRAIN_AFTER_EXIT_S = 2.0
-#: how long a rank's last reports (its exit among them) may take to post
-FINAL_FLUSH_S = 5.0
 #: the node thread's longest sleep; a child's exit or a request wakes it at once
 _TICK_S = 0.25
 
@@ -75,7 +74,7 @@ class _Rank:
     ended_at: float | None = None
     pump: threading.Thread | None = None
     recorded: threading.Event = field(default_factory=threading.Event)
-    reporter: _Reporter | None = None
+    reporter: RankReporter | None = None
 
     @property
     def rank(self) -> int:
@@ -318,7 +317,7 @@ class NodeRunner:
             if error is not None:  # reported like any rank that failed at once
                 r.tail.append(error)
                 r.returncode, r.ended_at = 127, time.time()
-            r.reporter = _Reporter(env, launch.node, rank.local_rank == 0, pid=r.pid)
+            r.reporter = RankReporter(env, launch.node, rank.local_rank == 0, pid=r.pid)
             r.pump = threading.Thread(
                 target=self._pump, args=(r,), name=f"air-rank-{rank.rank}", daemon=True
             )
@@ -547,71 +546,6 @@ class NodeRunner:
             except OSError:
                 pass
             self._log = None
-
-
-class _Reporter:
-    """A rank's line to the gateway: its shipper (logs, heartbeats, exit), and the node's
-    device sampler on local rank 0, and the watch on its CPU/GPU use that keeps a script
-    without air.log from being judged hung while it works (`activity.py`). Lines that
-    come before the shipper exists (it loads requests and pydantic first) wait here."""
-
-    def __init__(self, env: dict[str, str], node: str, samples: bool, pid: int = 0) -> None:
-        self._env = env
-        self._node = node
-        self._samples = samples
-        self._pid = pid
-        self._watch: Any = None
-        self._lock = threading.Lock()
-        self._early: list[str] = []
-        self._shipper: Any = None
-        self._sampler: Any = None
-        self._ready = threading.Event()
-
-    def start(self) -> None:
-        try:
-            from air_sdk.runtime._shipper import shipper_from_env
-
-            shipper = shipper_from_env(self._env, flush_interval=0.25)
-            shipper.heartbeat()  # the rank is up: the runner marks the job RUNNING once all are
-            from air_sdk.runtime.supervise import sample_interval_s
-
-            interval = sample_interval_s(self._env)
-            if self._samples and shipper.enabled and interval:  # one sampler per node
-                from air_sdk.runtime._sampler import DeviceSampler
-
-                self._sampler = DeviceSampler(self._node, shipper, interval_s=interval)
-                self._sampler.start()
-            if self._pid and shipper.enabled:
-                from air_sdk.runner.node.activity import ActivityWatch, visible_gpus
-
-                self._watch = ActivityWatch(
-                    self._pid, shipper.mark_busy, gpus=visible_gpus(self._env)
-                )
-                self._watch.start()
-            with self._lock:
-                for line in self._early:
-                    shipper.add_line(line)
-                self._early = []
-                self._shipper = shipper
-        finally:
-            self._ready.set()
-
-    def add_line(self, line: str) -> None:
-        with self._lock:
-            if self._shipper is None:
-                self._early.append(line)
-                return
-        self._shipper.add_line(line)
-
-    def finish(self, ended: Any) -> None:
-        self._ready.wait(60)
-        if self._watch is not None:
-            self._watch.stop()
-        if self._sampler is not None:
-            self._sampler.stop()
-        if self._shipper is not None:
-            self._shipper.report_exit(ended)
-            self._shipper.close(timeout=FINAL_FLUSH_S)
 
 
 def _sandboxed_returncode(code: int, wrapper: list[str]) -> int:
