@@ -462,7 +462,14 @@ def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, b
     progress = bool(report.points) or report.heartbeat_step is not None
     active = bool(report.lines) or report.busy
     ctx.store.append_worker_events(
-        job_id, attempt, report.rank, report.payloads(), step, progress=progress, active=active
+        job_id,
+        attempt,
+        report.rank,
+        report.payloads(),
+        step,
+        progress=progress,
+        active=active,
+        finished=report.finished,
     )
 
 

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 #: after every rank exited 0, how long launchers get to leave on their own
 SUCCESS_EXIT_WAIT_S = 5.0
+#: how long a rank whose runtime shut down (air.shutdown) may take to exit before the
+#: hang timeout applies to it again (freeing a large model's memory on a loaded machine)
+EXIT_AFTER_FINISH_S = 120.0
 #: SIGTERM-to-SIGKILL grace when an attempt already failed (cancel gets the full grace)
 FAILURE_TEARDOWN_GRACE_S = 0.5
 #: how often the (cheap) progress checks run
@@ -374,6 +377,9 @@ class JobController:
         for rank in self._rank_exits():  # a rank that ended is not hung (its peers may be)
             self._progress.pop(rank, None)
         now = time.time()
+        for rank, finished_ts in self.store.finished_ranks(self.job_id, self.attempt).items():
+            if now - finished_ts < EXIT_AFTER_FINISH_S:  # leaving: its exit takes a while
+                self._progress.pop(rank, None)
         stalled = self.hang_policy.stalled(self._progress, now)
         if stalled:
             self._on_hang(stalled)

@@ -121,13 +121,16 @@ def shutdown(flush_timeout_s: float = 10.0) -> None:
             checkpoint._finalize_pending()
         get_shipper().flush(flush_timeout_s)
         dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return
-        gc.collect()  # frees a DDP reducer the caller dropped, while the interpreter is whole
-        meshes = sys.modules.get("air_sdk.runtime.parallel.meshes")
-        if meshes is not None:  # their groups go with the process group
-            meshes._forget_meshes()
-        dist.destroy_process_group()
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            gc.collect()  # frees a DDP reducer the caller dropped, while the interpreter is whole
+            meshes = sys.modules.get("air_sdk.runtime.parallel.meshes")
+            if meshes is not None:  # their groups go with the process group
+                meshes._forget_meshes()
+            dist.destroy_process_group()
+        # What is left is the interpreter's own exit (freeing memory, atexit): leaving, not
+        # hung, however long that takes on a loaded machine.
+        get_shipper().mark_finished()
+        get_shipper().flush(flush_timeout_s)
 
 
 def _shutdown_at_exit() -> None:

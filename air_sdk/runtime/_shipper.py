@@ -47,6 +47,7 @@ class _Batch:
     samples: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     busy: bool = False
+    finished: bool = False
 
     def to_json(self, rank: int) -> bytes:
         # Plain dicts and json.dumps: no pydantic objects per point on any path.
@@ -65,6 +66,8 @@ class _Batch:
             body["checkpoints"] = self.checkpoints
         if self.busy:
             body["busy"] = True
+        if self.finished:
+            body["finished"] = True
         text = json.dumps(body, separators=(",", ":"))
         if self.points:
             text = f'{text[:-1]},"points":{_points_json(self.points)}}}'
@@ -167,6 +170,7 @@ class MetricsShipper:
         self._line_bytes = 0  # what the pending lines cost, about
         self._heartbeat_pending = False
         self._busy_pending = False
+        self._finished_pending = False
         self._exit: dict[str, Any] | None = None
         self._samples: list[dict[str, Any]] = []
         self._checkpoints: list[dict[str, Any]] = []
@@ -228,6 +232,15 @@ class MetricsShipper:
             return
         with self._lock:
             self._heartbeat_pending = True
+            self._num_enqueued += 1
+
+    def mark_finished(self) -> None:
+        """Note that this rank's runtime shut down: the next report says the rank is
+        leaving, so the runner stops applying the hang timeout to it."""
+        if not self._enabled:
+            return
+        with self._lock:
+            self._finished_pending = True
             self._num_enqueued += 1
 
     def mark_busy(self) -> None:
@@ -342,6 +355,7 @@ class MetricsShipper:
             heartbeat = self._heartbeat_pending
             self._heartbeat_pending = False
             busy, self._busy_pending = self._busy_pending, False
+            finished, self._finished_pending = self._finished_pending, False
             rank_exit, self._exit = self._exit, None
             samples, self._samples = self._samples, []
             checkpoints, self._checkpoints = self._checkpoints, []
@@ -349,7 +363,17 @@ class MetricsShipper:
             last_step = self.last_step
         if dropped_lines:
             lines.appendleft(f"[air] {dropped_lines} earlier output lines were dropped")
-        if points or lines or heartbeat or rank_exit or dropped or samples or checkpoints or busy:
+        if (
+            points
+            or lines
+            or heartbeat
+            or rank_exit
+            or dropped
+            or samples
+            or checkpoints
+            or busy
+            or finished
+        ):
             batches = _split(list(points), list(lines))
             batches[0].dropped_points = dropped
             for batch in batches:
@@ -360,6 +384,7 @@ class MetricsShipper:
             batches[-1].samples = samples
             batches[-1].checkpoints = checkpoints
             batches[-1].busy = busy
+            batches[-1].finished = finished
             for index, batch in enumerate(batches):
                 outcome = self._poster.post(batch.to_json(self.rank))
                 if outcome is PostOutcome.FAILED:
@@ -387,6 +412,7 @@ class MetricsShipper:
             self._line_bytes = sum(map(len, lines)) + _LINE_OVERHEAD * len(lines)
             self._trim_lines()
             self._heartbeat_pending = True
+            self._finished_pending = self._finished_pending or batches[-1].finished
             if self._exit is None:
                 self._exit = batches[-1].exit
             self._checkpoints = batches[-1].checkpoints + self._checkpoints

@@ -527,6 +527,10 @@ class WorkerReport(WireModel):
     #: NodeRunner's reading, so that a script that never calls air.log is judged hung
     #: only when it prints nothing and uses nothing (docs/failure-handling.md)
     busy: bool = False
+    #: the rank's runtime shut down (`air.shutdown()`, also at exit): the rank is leaving,
+    #: so the hang timeout no longer applies to it (an exit grace does, see
+    #: `air_sdk.runner.controller.EXIT_AFTER_FINISH_S`)
+    finished: bool = False
 
     def payloads(self) -> list[EventPayload]:
         """The events this report becomes, in the order they are stored: metrics, log

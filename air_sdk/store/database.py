@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +55,7 @@ class Database:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -107,3 +108,23 @@ def _private_files(db: Path) -> None:
                 path.chmod(0o600)
         except FileNotFoundError:
             continue
+
+
+#: how long opening waits for another connection that is turning a new file to WAL
+_WAL_SWITCH_WAIT_S = 30.0
+
+
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """`PRAGMA journal_mode=WAL`, retried while another connection holds the lock: the
+    switch of a new file needs it alone, and SQLite answers "database is locked" at
+    once (its busy timeout does not cover this), e.g. when two gateways (or a gateway
+    and `air gc`) open a fresh home at the same moment."""
+    deadline = time.monotonic() + _WAL_SWITCH_WAIT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)

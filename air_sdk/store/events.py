@@ -107,6 +107,7 @@ class EventLog:
         *,
         progress: bool = False,
         active: bool = False,
+        finished: bool = False,
     ) -> None:
         """Append a worker report's events (`WorkerReport.payloads()`, already redacted)
         and note the heartbeat, in one transaction. `progress`
@@ -114,7 +115,8 @@ class EventLog:
         opposed to its supervisor's output lines or device samples: only those count
         against hangs of ranks that log steps. `active` marks a report that shows the
         rank alive otherwise (output lines, CPU or GPU use): hangs of plain scripts. A
-        rank's first report counts as activity (it just started)."""
+        rank's first report counts as activity (it just started). `finished` marks the
+        report of a rank whose runtime shut down (it is leaving)."""
         now = time.time()
         with self._db.tx() as c:
             for payload in items:
@@ -150,11 +152,13 @@ class EventLog:
                     if alert is not None:
                         self.append(c, job_id, alert, attempt=attempt)
             c.execute(
-                "INSERT INTO heartbeats (job_id, attempt, rank, step, ts, progress_ts, active_ts)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
+                "INSERT INTO heartbeats"
+                " (job_id, attempt, rank, step, ts, progress_ts, active_ts, finished_ts)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt, rank)"
                 " DO UPDATE SET step = COALESCE(excluded.step, step), ts = excluded.ts,"
                 " progress_ts = COALESCE(excluded.progress_ts, progress_ts),"
-                " active_ts = COALESCE(?, active_ts)",
+                " active_ts = COALESCE(?, active_ts),"
+                " finished_ts = COALESCE(finished_ts, excluded.finished_ts)",
                 (
                     job_id,
                     attempt,
@@ -163,6 +167,7 @@ class EventLog:
                     now,
                     now if progress else None,
                     now,
+                    now if finished else None,
                     now if progress or active else None,
                 ),
             )
@@ -242,6 +247,16 @@ class EventLog:
             (job_id, attempt),
         )
         return {r["rank"]: (r["step"], r["ts"], r["progress_ts"]) for r in rows}
+
+    def finished_ranks(self, job_id: str, attempt: int) -> dict[int, float]:
+        """rank -> when its runtime shut down (`WorkerReport.finished`), for the ranks
+        that did."""
+        rows = self._db.read(
+            "SELECT rank, finished_ts FROM heartbeats WHERE job_id = ? AND attempt = ?"
+            " AND finished_ts IS NOT NULL",
+            (job_id, attempt),
+        )
+        return {r["rank"]: r["finished_ts"] for r in rows}
 
     def last_active(self, job_id: str, attempt: int) -> dict[int, float]:
         """rank -> the last time it showed it was alive: a step, an output line, CPU or

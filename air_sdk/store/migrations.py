@@ -131,6 +131,11 @@ def _rank_activity(c: sqlite3.Connection) -> None:
     _add_column(c, "heartbeats", "active_ts", "REAL")
 
 
+def _rank_finished(c: sqlite3.Connection) -> None:
+    """The time a rank's runtime shut down (`air.shutdown()`): it is leaving, not hung."""
+    _add_column(c, "heartbeats", "finished_ts", "REAL")
+
+
 #: every migration, oldest first: the database's version is how many it has had
 MIGRATIONS: tuple[Migration, ...] = (
     _first_tables,
@@ -139,6 +144,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _worker_token_index,
     _quota_byte_counts,
     _rank_activity,
+    _rank_finished,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

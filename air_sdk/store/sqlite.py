@@ -91,6 +91,7 @@ class SqliteStore:
         self.last_seq = events.last_seq
         self.heartbeats = events.heartbeats
         self.last_active = events.last_active
+        self.finished_ranks = events.finished_ranks
         self.job_redactor = events.job_redactor
 
         self.record_node_failure = nodes.record_node_failure

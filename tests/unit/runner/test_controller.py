@@ -259,6 +259,33 @@ def test_hang_names_the_stalled_rank_with_stacks(store, tmp_path):
     assert backend.attempts[0].terminated
 
 
+def test_a_rank_that_shut_down_is_leaving_not_hung_for_the_exit_grace(store, tmp_path):
+    import time
+
+    from air_sdk.runner.controller import EXIT_AFTER_FINISH_S
+
+    ctl, backend = make(store, tmp_path, failure={"hang_timeout_s": 5, "backoff_base_s": 0})
+    ctl.step()
+    now = time.time()
+    progress(store, ctl, 0, 40, now - 30)  # its last step: 30 s ago, then air.shutdown()
+    progress(store, ctl, 1, 40, now - 30)
+    for rank in (0, 1):  # the ranks' runtimes shut down; their interpreters still exit
+        store.append_worker_events(ctl.job_id, ctl.attempt, rank, [], None, finished=True)
+    assert set(store.finished_ranks(ctl.job_id, ctl.attempt)) == {0, 1}
+    assert ctl.step() == (JobState.STARTING, JobState.RUNNING)
+    ctl._next_progress_check = 0
+    assert ctl.step() == (JobState.RUNNING, JobState.RUNNING)  # not a hang
+    # ...until a rank takes longer than the exit grace to leave
+    real = time.time
+    try:
+        time.time = lambda: real() + EXIT_AFTER_FINISH_S + 1
+        ctl._next_progress_check = 0
+        assert ctl.step() == (JobState.RUNNING, JobState.FAILED)
+    finally:
+        time.time = real
+    assert store.get_job(ctl.job_id).failure.kind == "hang"
+
+
 def test_a_gpu_hang_names_the_rank_behind_from_the_flight_recorder(store, tmp_path):
     import pickle
     import time

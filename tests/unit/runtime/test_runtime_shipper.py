@@ -214,6 +214,15 @@ def test_mark_busy_posts_a_busy_report_that_is_not_progress(gateway: FakeGateway
     shipper.close()
 
 
+def test_mark_finished_says_the_rank_is_leaving(gateway: FakeGateway) -> None:
+    shipper = make_shipper(gateway.report_url)
+    shipper.mark_finished()  # air.shutdown() is done: what is left is the exit
+    assert shipper.flush(timeout=10)
+    assert gateway.reports == [{"rank": 1, "finished": True}]
+    assert WorkerReport.model_validate(gateway.reports[0]).finished
+    shipper.close()
+
+
 def test_a_fenced_attempt_stops_posting_and_drops_its_data(gateway: FakeGateway) -> None:
     gateway.answers.append((409, {}))
     shipper = make_shipper(gateway.report_url)
