@@ -13,6 +13,10 @@ A process running as root ignores those permission bits: before a cached tree is
 linked again its files are checked against what was unpacked (size and mtime,
 recorded at unpack), and a changed tree is unpacked afresh for the next job.
 
+The gateway keeps one cache per tenant (`BundleCache.for_tenant`): a job can
+write a linked file in place anyway (its ranks run as the gateway's user, who owns
+the files), so files are shared only among one tenant's jobs, never across tenants.
+
 Hard links need one filesystem; where a link cannot be made (another device, the
 link limit) the file is copied instead. The link count is the cache's reference
 count: a cached tree whose files have no other link is used by no job and may go
@@ -61,6 +65,10 @@ _locks_guard = threading.Lock()
 _thread_locks: dict[str, threading.Lock] = {}
 
 
+#: where the per-tenant caches live under a cache's root (`BundleCache.for_tenant`)
+TENANTS_DIR = "tenants"
+
+
 class BundleCache:
     """Bundles unpacked once per sha256 under `root` (see the module docstring).
 
@@ -71,6 +79,25 @@ class BundleCache:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+
+    def for_tenant(self, tenant: str) -> BundleCache:
+        """The cache of one tenant's bundles (`<root>/tenants/<tenant>`): jobs of one
+        tenant share the files of a bundle, jobs of different tenants never do. A job's
+        ranks run as the gateway's user and may write a linked file in place (the
+        read-only bit does not stop its owner, nor root); that changes only the code of
+        the same tenant's jobs.
+
+        Example:
+            >>> BundleCache(Path("/srv/air/code-cache")).for_tenant("team-a").root.parts[-2:]
+            ('tenants', 'team-a')
+        """
+        return BundleCache(self.root / TENANTS_DIR / tenant)
+
+    def with_tenants(self) -> list[BundleCache]:
+        """This cache and every tenant's cache under it (for `air gc`)."""
+        tenants = self.root / TENANTS_DIR
+        found = sorted(p for p in tenants.iterdir() if p.is_dir()) if tenants.is_dir() else []
+        return [self, *(BundleCache(p) for p in found)]
 
     def tree(self, sha256: str) -> Path:
         """Where bundle `sha256` is (or would be) unpacked."""

@@ -203,30 +203,31 @@ def collect_garbage(
     ended = ended_jobs(store, jobs_dir, include_checkpoints=include)
     going = policy.select(ended, now=now)
     counts, stats = _links(p for j in going for p in _going(j.path, include))
-    unused = []
-    for tree in cache.entries():
-        tree_counts, tree_stats = _links(cache.paths_of(tree.name))
-        # every link of its files is in the tree itself or in a job directory that goes
-        if all(
-            n + counts.get(k, 0) >= tree_stats[k].st_nlink
-            for k, n in tree_counts.items()
-            if stat.S_ISREG(tree_stats[k].st_mode)
-        ):
-            unused.append(tree.name)
-            counts.update(tree_counts)
-            stats.update(tree_stats)
+    unused: list[tuple[BundleCache, str]] = []
+    for one in cache.with_tenants():  # the tenants' caches under it too
+        for tree in one.entries():
+            tree_counts, tree_stats = _links(one.paths_of(tree.name))
+            # every link of its files is in the tree itself or in a job directory that goes
+            if all(
+                n + counts.get(k, 0) >= tree_stats[k].st_nlink
+                for k, n in tree_counts.items()
+                if stat.S_ISREG(tree_stats[k].st_mode)
+            ):
+                unused.append((one, tree.name))
+                counts.update(tree_counts)
+                stats.update(tree_stats)
     freed = _freed(counts, stats)
     if not dry_run:
         for job in going:
             for part in _going(job.path, include):
                 remove_tree(part)
             log.info("removed the files of %s (ended %.0f s ago)", job.job_id, now - job.ended_at)
-        unused = [sha for sha in unused if cache.remove_unused(sha)]
+        unused = [(one, sha) for one, sha in unused if one.remove_unused(sha)]
     going_ids = {j.job_id for j in going}
     return GcReport(
         dry_run=dry_run,
         jobs=[GcJob(job_id=j.job_id, ended_at=j.ended_at, bytes=j.bytes) for j in going],
-        bundles=unused,
+        bundles=[sha for _, sha in unused],
         bytes_freed=freed,
         bytes_kept=sum(j.bytes for j in ended if j.job_id not in going_ids),
     )

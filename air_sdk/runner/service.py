@@ -95,7 +95,8 @@ class Runner:
         self.gateway_url = gateway_url
         from air_sdk.bundle.cache import BundleCache
 
-        #: unpacked bundles, shared by the jobs that run them (by sha256)
+        #: unpacked bundles, shared by one tenant's jobs that run them (by sha256; one
+        #: cache per tenant under it: `BundleCache.for_tenant`)
         self.code_cache = BundleCache(home / CODE_CACHE_DIR)
         #: when ended jobs' files go (swept every RETENTION_EVERY_S, and by `air gc`)
         self.retention = retention or RetentionPolicy()
@@ -310,7 +311,7 @@ class Runner:
             JobPaths(self.home / "jobs" / job.id, outputs=self.output_dir(job.id)),
             self.gateway_url,
             unhealthy_nodes=self.unhealthy_nodes,
-            code_cache=self.code_cache,
+            code_cache=self.code_cache.for_tenant(job.tenant),
         )
 
     def _start_controller(self, ctl: JobController) -> None:

@@ -92,3 +92,24 @@ def test_an_unused_tree_goes_and_a_used_one_stays(tmp_path: Path, bundle) -> Non
     assert cache.entries() == [] and not cache.tree(sha).exists()
     again = cache.materialize(sha, archive, tmp_path / "again")  # unpacked anew on demand
     assert (again / "train.py").read_text() == "print('hi')\n"
+
+
+def test_jobs_of_two_tenants_never_share_a_file(tmp_path: Path, bundle) -> None:  # type: ignore[no-untyped-def]
+    """A rank may write its code files in place (it runs as the files' owner): that must
+    never reach another tenant's job of the same bundle."""
+    sha, archive = bundle
+    cache = BundleCache(tmp_path / "code-cache")
+    a = cache.for_tenant("team-a").materialize(sha, archive, tmp_path / "a")
+    a2 = cache.for_tenant("team-a").materialize(sha, archive, tmp_path / "a2")
+    b = cache.for_tenant("team-b").materialize(sha, archive, tmp_path / "b")
+    name = next(p.name for p in a.iterdir() if p.is_file())
+    assert (a / name).stat().st_ino == (a2 / name).stat().st_ino  # one tenant: shared
+    assert (a / name).stat().st_ino != (b / name).stat().st_ino  # two tenants: never
+    os.chmod(a / name, 0o644)  # what a job of team-a can do to its own files
+    (a / name).write_bytes(b"tampered")
+    assert (b / name).read_bytes() != b"tampered"
+    assert [c.root for c in cache.with_tenants()] == [
+        cache.root,
+        cache.root / "tenants" / "team-a",
+        cache.root / "tenants" / "team-b",
+    ]

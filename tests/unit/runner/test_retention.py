@@ -37,7 +37,10 @@ class Home:
     def job(self, end: JobState | None, output_mib: int = 1) -> str:
         """A job whose code links the bundle and that wrote `output_mib` of its own."""
         record, _ = self.store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
-        self.cache.materialize(self.sha, self.archive, self.jobs / record.id / "code")
+        # as the gateway does: the tenant's own cache, under the gateway's
+        self.cache.for_tenant("default").materialize(
+            self.sha, self.archive, self.jobs / record.id / "code"
+        )
         ckpt = self.jobs / record.id / "checkpoints"
         ckpt.mkdir()
         (ckpt / "step-10.bin").write_bytes(os.urandom(output_mib * MIB))
@@ -70,7 +73,7 @@ def test_a_dry_run_says_what_would_go_and_deletes_nothing(home: Home) -> None:
     # the job's checkpoint and, with no other job linking it, the unpacked bundle
     assert 3 * MIB <= report.bytes_freed <= before
     assert report.bundles == [home.sha]
-    assert (home.jobs / old).is_dir() and home.cache.tree(home.sha).is_dir()
+    assert (home.jobs / old).is_dir() and home.cache.for_tenant("default").tree(home.sha).is_dir()
 
 
 def test_old_ended_jobs_go_active_and_recent_ones_stay(home: Home) -> None:
@@ -80,7 +83,7 @@ def test_old_ended_jobs_go_active_and_recent_ones_stay(home: Home) -> None:
     assert [j.job_id for j in report.jobs] == [old]
     assert not (home.jobs / old).exists() and (home.jobs / running).is_dir()
     assert report.bundles == []  # the running job still links the bundle's files
-    assert home.cache.tree(home.sha).is_dir()
+    assert home.cache.for_tenant("default").tree(home.sha).is_dir()
     assert home.store.get_job(old) is not None  # the record (and its logs) stay
     assert (
         home.gc(RetentionPolicy(max_age_s=7 * DAY, include_checkpoints=True), days_later=8).jobs
