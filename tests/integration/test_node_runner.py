@@ -178,7 +178,13 @@ def test_stacks_of_every_rank_and_a_stop_that_leaves_no_process(setup, tmp_path)
     request, handle = launch(setup, tmp_path, "run")
     backend = setup.backend
     try:
-        pids = wait_for(lambda: len(pids_of(tmp_path)) == 2 and pids_of(tmp_path), 180, "2 ranks")
+        # polled as the runner polls: a backend moves an attempt on (Ray: from its nodes'
+        # preparation to starting the ranks) when asked how it goes
+        pids = wait_for(
+            lambda: backend.poll(handle) and len(pids_of(tmp_path)) == 2 and pids_of(tmp_path),
+            180,
+            "2 ranks",
+        )
         assert all(n.exit_code is None for n in backend.poll(handle))
         stacks = backend.rank_stacks(handle)
         assert set(stacks) == {0, 1}, stacks
