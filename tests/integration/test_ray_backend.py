@@ -257,8 +257,9 @@ def test_a_survivor_checkpoints_the_step_a_peer_died_in(world, src):
 def test_a_dead_node_actor_is_a_lost_node_and_the_job_resumes(world, src):
     job = submit(world, src, total=60, every=5, max_restarts=2)
     at_step(job, 12)
-    supervisor = wait_for(lambda: _supervisor_of(job.id, rank=1), 30, "rank 1's supervisor")
-    actor = psutil.Process(supervisor).parent()  # the Ray worker process of node 1's actor
+    rank = wait_for(lambda: rank_pid(job.id, 1), 30, "rank 1")
+    # the Ray worker process of node 1's actor, whose NodeRunner started the rank
+    actor = psutil.Process(rank).parent()
     newest = newest_commit(world, job.id)
     actor.kill()
     record = job.wait(timeout=300)
@@ -327,18 +328,3 @@ def test_a_gateway_without_the_cluster_token_is_refused_with_how_to_fix(world, t
     )
     assert out.returncode != 0
     assert "RAY_AUTH_TOKEN" in out.stderr
-
-
-def _supervisor_of(job_id: str, rank: int) -> int | None:
-    for p in psutil.process_iter(["pid"]):
-        try:
-            env, cmd = p.environ(), p.cmdline()
-        except psutil.Error:
-            continue
-        if (
-            env.get("AIR_JOB_ID") == job_id
-            and env.get("RANK") == str(rank)
-            and any("air_sdk.runtime.supervise" in c for c in cmd)
-        ):
-            return p.pid
-    return None

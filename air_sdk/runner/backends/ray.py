@@ -379,8 +379,10 @@ class RayBackend:
         first = handle.nodes[0]
         handle.master = first.address
         for n in handle.nodes:
-            n.actor.start.remote(first.address, ports[0])
-            n.watch_ref = n.actor.watch.remote()
+            started = n.actor.start.remote(first.address, ports[0])
+            # `started` as an argument: Ray runs the watch only once start() returned, so
+            # on a kept actor (concurrent calls) it never reports the attempt before
+            n.watch_ref = n.actor.watch.remote(None, started)
         handle.phase = "running"
 
     def _check_pinned_nodes(self, handle: RayAttempt) -> None:

@@ -153,9 +153,12 @@ class RayNodeAgent:
         self._runner.note(f"MASTER_ADDR={master_addr}:{master_port}")
         return list(pids.values())
 
-    def watch(self, timeout_s: float | None = None) -> tuple[int | None, str]:
+    def watch(self, timeout_s: float | None = None, started: Any = None) -> tuple[int | None, str]:
         """Block until a rank fails or every rank ended: (exit status, what happened).
-        (None, "") if `timeout_s` passed first."""
+        (None, "") if `timeout_s` passed first. `started`: the result of this attempt's
+        `start()` call, passed as its ObjectRef so that Ray runs this watch after it (a
+        kept actor serves calls concurrently: a watch that ran first would report the
+        previous attempt's stop, "rank 0 was killed by SIGTERM")."""
         return self._runner.wait(timeout_s)
 
     def stop(self, grace_s: float) -> list[str]:
