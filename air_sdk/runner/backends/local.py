@@ -49,7 +49,13 @@ from air_sdk.runner.node.launch import NodeLaunch
 from air_sdk.runner.node.plan import plan_node
 from air_sdk.runner.node.process import NodeProcess, attempt_record_path
 from air_sdk.runner.node.records import AttemptRecord, failure_marks, log_tail, read_json
-from air_sdk.runner.node.sandbox import Sandbox, SandboxSpec, choose_sandbox, gpu_devices
+from air_sdk.runner.node.sandbox import (
+    Sandbox,
+    SandboxSpec,
+    choose_sandbox,
+    gpu_devices,
+    under_tmp,
+)
 from air_sdk.scheduler import NodeSpec
 from air_sdk.schema import WorkerEnv
 
@@ -261,7 +267,13 @@ class LocalBackend:
         client_dir = config_file().parent
         if not client_dir.resolve().is_relative_to(home.resolve()) and client_dir.is_dir():
             hide.append(str(client_dir))  # the client config holds the admin token
+        import air_sdk
+
+        python_path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        needed = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
+        needed += [str(Path(air_sdk.__file__).resolve().parents[1]), *python_path]
         return SandboxSpec(
+            keep=under_tmp(needed),
             hide=hide,
             writable=list(dict.fromkeys(writable)),
             tmp=str(tmp),

@@ -157,7 +157,7 @@ def build(spec: dict) -> None:
     devices = [f"/dev/{n}" for n in ("null", "zero", "full", "random", "urandom", "tty")]
     devices += spec.get("devices", [])
     sources = [*devices, spec["tmp"], *spec.get("shared", []), *spec.get("writable", [])]
-    sources += spec.get("read_only", [])
+    sources += spec.get("read_only", []) + spec.get("keep", [])
     if spec.get("shm"):
         sources.append(spec["shm"])
     fds = {}
@@ -172,6 +172,10 @@ def build(spec: dict) -> None:
     _new_dev(spec, fds, devices)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _bind_fd(fds[spec["tmp"]], "/tmp")
+    for path in spec.get("keep", []):  # an interpreter or package under /tmp stays there
+        if path in fds:
+            _make_target(path, True)
+            _bind_fd(fds[path], path, read_only=True)
     for path in spec.get("shared", []):  # before the hiding: a home inside one stays hidden
         if path in fds:
             _make_target(path, True)

@@ -110,6 +110,9 @@ class SandboxSpec:
     read_only: list[str] = field(default_factory=list)
     #: /dev entries bound in (see `gpu_devices`)
     devices: list[str] = field(default_factory=list)
+    #: directories under /tmp the rank must still see, read-only, over its private /tmp:
+    #: the interpreter and its packages when they live there (`under_tmp`)
+    keep: list[str] = field(default_factory=list)
     #: the rank's working directory
     cwd: str | None = None
 
@@ -134,6 +137,8 @@ def bwrap_argv(spec: SandboxSpec, bwrap: str = "bwrap") -> list[str]:
     if spec.shm is not None:
         argv += ["--bind", spec.shm, "/dev/shm"]
     argv += ["--proc", "/proc", "--bind", spec.tmp, "/tmp"]
+    for path in spec.keep:  # an interpreter or package under /tmp stays there
+        argv += ["--ro-bind-try", path, path]
     for path in spec.shared:  # before the hiding: a home inside one stays hidden
         argv += ["--bind", path, path]
     for path in spec.hide:
@@ -164,6 +169,22 @@ def unshare_argv(spec: SandboxSpec, python: str | None = None) -> list[str]:
     from dataclasses import asdict
 
     return [python or sys.executable, "-S", _JAIL, json.dumps(asdict(spec)), "--"]
+
+
+def under_tmp(paths: list[str]) -> list[str]:
+    """Of `paths`, the existing directories under /tmp, outermost first, each once: what
+    a private /tmp would hide from the rank (a virtualenv or checkout in /tmp).
+
+    Example:
+        >>> under_tmp(["/usr/lib/python3", "/nonexistent-air/x"])
+        []
+    """
+    found: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in paths if p}):
+        inside = any(path == f or path.startswith(f + "/") for f in found)
+        if path.startswith("/tmp/") and os.path.isdir(path) and not inside:
+            found.append(path)
+    return found
 
 
 def is_sandbox_wrapper(argv: list[str]) -> bool:
@@ -266,7 +287,10 @@ def _try(build: object, program: str | None) -> str | None:
         home = os.path.join(tmp, "home")
         code = os.path.join(home, "code")
         os.makedirs(code)
-        spec = SandboxSpec(hide=[home], writable=[code], tmp=tmp, cwd=code)
+        interpreter = [sys.prefix, os.path.dirname(os.path.realpath(sys.executable))]
+        spec = SandboxSpec(
+            hide=[home], writable=[code], tmp=tmp, cwd=code, keep=under_tmp(interpreter)
+        )
         argv = build(spec, program) if program else build(spec)  # type: ignore[operator]
         try:
             out = subprocess.run(
