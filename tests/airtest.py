@@ -93,7 +93,11 @@ def rank_pid(job_id: str, rank: int) -> int | None:
         for r in record.ranks:
             if r.rank == rank and r.returncode is None:
                 inner = _procs.payload(r.pid)
-                return None if is_sandbox_wrapper(_procs._cmdline(inner)) else inner
+                argv = _procs._cmdline(inner)
+                # still starting: the sandbox not yet built, or the NodeRunner's fork of
+                # it not yet exec'd (it shows the NodeRunner's command line meanwhile)
+                starting = is_sandbox_wrapper(argv) or "air_sdk.runner.node" in argv
+                return None if starting else inner
     candidates = {}
     for pid in job_processes(job_id):
         try:
