@@ -144,6 +144,9 @@ def air_gateway(
         num_nodes=num_nodes,
         slots_per_node=slots_per_node,
         write_client_config=False,
+        # the benchmarks' jobs write their results to the host's temporary directory,
+        # which a sandboxed rank's private /tmp would hide (the home stays hidden)
+        sandbox_binds=[Path(tempfile.gettempdir())],
     )
     gw = start_detached(opts)
     client = Client(gw.url, gw.token)
