@@ -36,7 +36,7 @@ from air_sdk.runner.backends.base import LaunchRequest
 from air_sdk.runner.backends.local import LocalBackend, free_port
 from air_sdk.runner.node import _procs
 from air_sdk.runner.node.plan import attempt_worker
-from air_sdk.runner.node.sandbox import SandboxSpec, bwrap_argv, unshare_argv
+from air_sdk.runner.node.sandbox import SandboxSpec, bwrap_argv, under_tmp, unshare_argv
 from air_sdk.schema import JobSpec, JobState, NodeAssignment, Placement, RankExit, Resources
 
 pytestmark = [
@@ -194,6 +194,8 @@ def test_a_sandboxed_program_sees_its_own_directories_and_nothing_else(kind, tmp
         tmp=str(home / "jobs" / "a" / "tmp"),
         read_only=[str(nodes)],
         cwd=str(code),
+        # as the backend does: this interpreter stays visible if it lives under /tmp
+        keep=under_tmp([sys.prefix, os.path.dirname(os.path.realpath(sys.executable))]),
     )
     wrapper = (
         bwrap_argv(spec, shutil.which("bwrap") or "") if kind == "bwrap" else unshare_argv(spec)
