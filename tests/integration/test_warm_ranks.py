@@ -97,14 +97,21 @@ def warm_ready(job_id: str) -> int:
 
 
 def warm_interpreters(job_id: str) -> set[int]:
-    """Idle warm interpreters of the job: children of its NodeRunners that are not ranks."""
+    """Idle warm interpreters of the job: live children of its NodeRunners that are not
+    ranks."""
     ranks = {r.pid for record in attempt_records(job_id) for r in record.ranks}
     found = set()
     for pid, _dir in node_runners(job_id).values():
         try:
-            found |= {c.pid for c in psutil.Process(pid).children()} - ranks
+            children = psutil.Process(pid).children()
         except psutil.Error:
             continue
+        for c in children:
+            try:  # an ended rank its NodeRunner has not reaped yet is no interpreter
+                if c.pid not in ranks and c.status() != psutil.STATUS_ZOMBIE:
+                    found.add(c.pid)
+            except psutil.Error:
+                continue
     return found
 
 
