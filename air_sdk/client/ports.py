@@ -122,6 +122,20 @@ def _answers_as_gateway(host: str, port: int) -> bool:
     return False
 
 
+def _listeners(port: int) -> list[int | None]:
+    """The pids listening on `port` (None where the kernel hides whose socket it is);
+    empty where sockets cannot be listed (macOS: only root may list every one)."""
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return []
+    return [
+        c.pid
+        for c in connections
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+    ]
+
+
 def port_holder(host: str, port: int) -> str:
     """Who listens on `port`: a process of this user by name, pid and user; an AIR
     gateway (also another user's: it answers /v1/health); else "another process".
@@ -133,18 +147,11 @@ def port_holder(host: str, port: int) -> str:
         ...     port_holder("127.0.0.1", taken.getsockname()[1]).endswith(f"user {psutil.Process().username()})")
         True
     """
-    try:
-        connections = psutil.net_connections(kind="inet")
-    except (psutil.Error, OSError):  # macOS: only root may list every socket
-        connections = []
-    for conn in connections:
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
-            continue
-        if conn.pid is not None:
-            described = _describe_process(conn.pid)
+    for pid in _listeners(port)[:1]:
+        if pid is not None:
+            described = _describe_process(pid)
             if described is not None:
                 return described
-        break
     if _answers_as_gateway(host, port):
         return "an AIR gateway of another user or home (it answers /v1/health there)"
     return "another process"
@@ -202,15 +209,7 @@ EXITING_HOLDER_WAIT_S = 15.0
 
 def _held_only_by_exiting(port: int) -> bool:
     """Whether every process listening on `port` is on its way out (its pid known)."""
-    try:
-        connections = psutil.net_connections(kind="inet")
-    except (psutil.Error, OSError):
-        return False
-    pids = {
-        c.pid
-        for c in connections
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-    }
+    pids = set(_listeners(port))
     if not pids or None in pids:
         return False
     return not any(alive(pid) for pid in pids if pid is not None)

@@ -197,7 +197,9 @@ def write_notebook(path: Path, cells: tuple[str, ...]) -> Path:
 def test_a_library_job_in_the_monitor(
     library: str, open_notebook: Any, tmp_path: Path, screenshot: Any
 ) -> None:
-    pytest.importorskip(library)
+    pytest.importorskip(
+        library, reason=f"{library} comes with the dev extra (pip install -e '.[dev]')"
+    )
     case = CASES[library]
     notebook = open_notebook(write_notebook(tmp_path / f"{library}.ipynb", case.cells))
     page = notebook.page

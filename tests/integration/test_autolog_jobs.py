@@ -151,7 +151,9 @@ STEPS = 30
 def test_an_unmodified_library_job_is_seen_checkpointed_and_resumed(
     gateway, workdir, tmp_path, library
 ):
-    pytest.importorskip(library)
+    pytest.importorskip(
+        library, reason=f"{library} comes with the dev extra (pip install -e '.[dev]')"
+    )
     script, finished = CASES[library]
     out = tmp_path / "out"
     out.mkdir()
