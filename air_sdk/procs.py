@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["alive", "create_time", "dying"]
+__all__ = ["alive", "create_time", "dying", "exited"]
 
 #: two start times within this many seconds are the same process (psutil's precision)
 _SAME_START_S = 0.05
@@ -49,6 +49,24 @@ def alive(pid: int, created: float | None = None) -> bool:
         return created is None or abs(p.create_time() - created) < _SAME_START_S
     except psutil.Error:
         return False
+
+
+def exited(pid: int) -> bool:
+    """Whether `pid` has finished exiting: gone, or a zombie. Unlike `not alive(pid)`, a
+    process still being torn down after SIGKILL has not exited yet: it still holds its
+    memory, files and devices.
+
+    Example:
+        >>> import os
+        >>> exited(os.getpid())
+        False
+    """
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return True
 
 
 def dying(pid: int) -> bool:

@@ -6,7 +6,9 @@ each start a child in their process group and one in a session of its own.
 * every live rank's Python stack can be read;
 * a rank's end leaves an exit record (code or signal, its last lines) and the node's
   status names it;
-* stopping the attempt leaves no process behind, not even one a rank detached.
+* stopping the attempt leaves no process behind, not even one a rank detached, and
+  returns only once they have finished exiting (a SIGKILLed process holding memory is
+  torn down for a while; it was seen still there right after `terminate` under load).
 """
 
 from __future__ import annotations
@@ -35,10 +37,19 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import json, os, subprocess, sys, time
-sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
-child = subprocess.Popen(sleeper)  # in the rank's process group, as a DataLoader worker
-loner = subprocess.Popen(sleeper, start_new_session=True)  # one that left it
+# Each child holds 300 MB and 20 threads, as a DataLoader worker does: the kernel takes a
+# while to tear such a process down after SIGKILL, and a stop must wait for that.
+HOLD = (
+    "import sys, threading, time; held = b'x' * (300 * 2**20); "
+    "[threading.Thread(target=time.sleep, args=(3600,), daemon=True).start() for _ in range(20)]; "
+    "open(sys.argv[1], 'w').close(); time.sleep(3600)"
+)
 rank = os.environ["RANK"]
+ready = [os.path.join(sys.argv[1], f"ready-{rank}-{n}") for n in (0, 1)]
+child = subprocess.Popen([sys.executable, "-c", HOLD, ready[0]])  # in the rank's group
+loner = subprocess.Popen([sys.executable, "-c", HOLD, ready[1]], start_new_session=True)
+while not all(os.path.exists(r) for r in ready):
+    time.sleep(0.05)
 with open(os.path.join(sys.argv[1], f"pids-{rank}.json"), "w") as f:
     json.dump([os.getpid(), child.pid, loner.pid], f)
 print(f"rank {rank} up", flush=True)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from air_sdk.procs import alive, create_time, dying
+from air_sdk.procs import alive, create_time, dying, exited
 
 __all__ = [
     "IdleCpu",
@@ -24,6 +24,7 @@ __all__ = [
     "descendants",
     "dump_stacks",
     "dying",
+    "exited",
     "kill",
     "killpg",
     "payload",
