@@ -44,16 +44,18 @@ def config_file() -> Path:
     return Path(base) / "air" / "config.toml"
 
 
-def default_gateway_port() -> int:
-    """The port an embedded gateway listens on by default: the port of
-    $AIR_GATEWAY_URL when that points at this machine (so the gateway starts where
-    clients will look for it), else 8470.
+def configured_gateway_port() -> int | None:
+    """The port $AIR_GATEWAY_URL names when it points at this machine (an embedded
+    gateway starts where clients will look for it), else None: the default port, or
+    the next free one when something else holds it.
 
     Example:
         >>> os.environ["AIR_GATEWAY_URL"] = "http://127.0.0.1:9123"
-        >>> default_gateway_port()
+        >>> configured_gateway_port()
         9123
         >>> del os.environ["AIR_GATEWAY_URL"]
+        >>> configured_gateway_port() is None
+        True
     """
     from urllib.parse import urlsplit
 
@@ -64,7 +66,7 @@ def default_gateway_port() -> int:
         parts = urlsplit(url)
         if parts.hostname in ("127.0.0.1", "localhost", "::1") and parts.port:
             return parts.port
-    return DEFAULT_PORT
+    return None
 
 
 def air_home() -> Path:
@@ -122,13 +124,15 @@ def token_refused_message(gateway_url: str, token: str | None, explicit: bool) -
 
     Example:
         >>> print(token_refused_message("http://127.0.0.1:8470", None, False))  # doctest: +ELLIPSIS
-        the gateway at http://127.0.0.1:8470 needs a token and none was given: set AIR_TOKEN, or start the gateway with `air gateway start`, which writes one to .../config.toml
+        the gateway at http://127.0.0.1:8470 needs a token and this client has none (no AIR_TOKEN, and none in .../config.toml): if it is another user's gateway, start your own with `air gateway start` (it takes the next free port and writes .../config.toml); if it is yours, set AIR_TOKEN to a token it issued
     """
     config = config_file()
     if not token:
         return (
-            f"the gateway at {gateway_url} needs a token and none was given: set AIR_TOKEN,"
-            f" or start the gateway with `air gateway start`, which writes one to {config}"
+            f"the gateway at {gateway_url} needs a token and this client has none (no"
+            f" AIR_TOKEN, and none in {config}): if it is another user's gateway, start your own with"
+            f" `air gateway start` (it takes the next free port and writes {config}); if it"
+            " is yours, set AIR_TOKEN to a token it issued"
         )
     if explicit:
         where, fix = "the token given", "give a token this gateway issued"

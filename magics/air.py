@@ -325,7 +325,7 @@ class AirMagics(Magics):
 
     def _gateway(self, args: argparse.Namespace) -> None:
         from air_sdk.client import local_gateway
-        from air_sdk.config import air_home, default_gateway_port
+        from air_sdk.config import air_home, configured_gateway_port
 
         action = args.args[0]
         if action not in GATEWAY_ACTIONS:
@@ -334,11 +334,7 @@ class AirMagics(Magics):
             )
         home = Path(args.home).expanduser() if args.home else air_home()
         if action == "stop":
-            running = local_gateway.running_gateway(home)
-            if local_gateway.stop_detached(home):
-                print(f"stopped the gateway (pid {running.pid if running else '?'}) of {home}")
-            else:
-                print(f"no gateway is running from {home}")
+            _stop_own_gateway(home)
             return
         if action == "status":
             running = local_gateway.running_gateway(home)
@@ -348,30 +344,36 @@ class AirMagics(Magics):
                 client = make_client(args.gateway, max_attempts=1)
             print(gateway_status_text(client, running.pid if running else None))
             return
-        gw = local_gateway.ensure_local_gateway(
-            _answers,
-            home=home,
-            port=args.port or default_gateway_port(),
-            num_nodes=args.nodes or DEFAULT_VIRTUAL_NODES,
-            slots_per_node=args.slots_per_node,
-        )
-        if gw.how == "running" and gw.process is not None:
+        options: dict[str, Any] = {
+            "home": home,
+            "num_nodes": args.nodes or DEFAULT_VIRTUAL_NODES,
+            "slots_per_node": args.slots_per_node,
+        }
+        port = args.port or configured_gateway_port()
+        if port is not None:  # asked for: a taken port is an error naming its holder
+            options["port"] = port
+        try:
+            gw = local_gateway.ensure_local_gateway(**options)
+        except AirError as exc:
+            raise UsageError(str(exc)) from None
+        assert gw.process is not None
+        if gw.how == "running":
+            _check_shape(gw.process, args, home)
             print(
                 f"a gateway already runs at {gw.url} (pid {gw.process.pid}, home {home});"
                 " reusing it. Client() and %%air train use it."
+                + ("" if gw.process.pid in _STARTED.get(home, ()) else _NOT_OURS)
             )
-        elif gw.how == "answering":
-            print(
-                f"a gateway already answers at {gw.url} (not started from {home}); reusing it."
-                " If Client() cannot authenticate, set AIR_TOKEN or use --port for a new one."
-            )
-        elif gw.process is not None:
-            print(
-                f"gateway running at {gw.url} (pid {gw.process.pid},"
-                f" {args.nodes or DEFAULT_VIRTUAL_NODES} virtual nodes; home {home};"
-                f" log {gw.process.log_path}). It outlives this kernel;"
-                " stop it with %air gateway stop."
-            )
+            return
+        _STARTED.setdefault(home, set()).add(gw.process.pid)
+        if gw.process.port_note:
+            print(gw.process.port_note)
+        print(
+            f"gateway running at {gw.url} (pid {gw.process.pid},"
+            f" {args.nodes or DEFAULT_VIRTUAL_NODES} virtual nodes; home {home};"
+            f" log {gw.process.log_path}). It outlives this kernel;"
+            " stop it with %air gateway stop."
+        )
 
     def _logs(self, args: argparse.Namespace) -> None:
         from air_sdk.client import Job
@@ -433,9 +435,52 @@ def _monitor_options(args: argparse.Namespace) -> dict[str, Any]:
     return {} if args.total_steps is None else {"total_steps": args.total_steps}
 
 
-def _answers(url: str) -> bool:
-    try:
-        make_client(url, max_attempts=1).health()
-    except AirError:
-        return False
-    return True
+#: home -> pids of the gateways this kernel started: `%air gateway stop` stops only those
+_STARTED: dict[Path, set[int]] = {}
+_NOT_OURS = " (It was started outside this notebook: %air gateway stop leaves it running.)"
+
+
+def _check_shape(running: Any, args: argparse.Namespace, home: Path) -> None:
+    """Refuse to reuse a gateway whose nodes or slots differ from what the cell asked for
+    (a later 4-rank cell would fail on it, far from the cause)."""
+    if args.nodes is None and args.slots_per_node is None:
+        return
+    nodes = make_client(running.url, running.token or None, max_attempts=1).inventory().nodes
+    slots = sorted({n.slots for n in nodes})
+    wrong = []
+    if args.nodes is not None and args.nodes != len(nodes):
+        wrong.append(f"{len(nodes)} virtual node{'s' * (len(nodes) != 1)}, not {args.nodes}")
+    if args.slots_per_node is not None and slots != [args.slots_per_node]:
+        have = "/".join(map(str, slots))
+        wrong.append(f"{have} slot{'s' * (have != '1')} per node, not {args.slots_per_node}")
+    if wrong:
+        stop = (
+            "%air gateway stop"
+            if running.pid in _STARTED.get(home, ())
+            else "`air gateway stop` (it was started outside this notebook)"
+        )
+        raise UsageError(
+            f"a gateway already runs from {home} at {running.url} (pid {running.pid}) with "
+            + " and ".join(wrong)
+            + f": stop it with {stop} and run this cell again, or give this notebook a"
+            " gateway of its own with --home DIR"
+        )
+
+
+def _stop_own_gateway(home: Path) -> None:
+    from air_sdk.client import local_gateway
+
+    running = local_gateway.running_gateway(home)
+    if running is None:
+        print(f"no gateway is running from {home}")
+        return
+    if running.pid not in _STARTED.get(home, ()):
+        print(
+            f"the gateway at {running.url} (pid {running.pid}, home {home}) was not started"
+            " by this notebook: left running. Stop it with `air gateway stop` in a terminal"
+            " (or `!air gateway stop` here)."
+        )
+        return
+    local_gateway.stop_detached(home)
+    _STARTED[home].discard(running.pid)
+    print(f"stopped the gateway (pid {running.pid}) of {home}")

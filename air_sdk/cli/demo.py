@@ -1,4 +1,4 @@
-"""`air demo`: a 2-node DDP job end to end, on whatever gateway answers (or a fresh one).
+"""`air demo`: a 2-node DDP job end to end, on the user's gateway (or a fresh one of its own).
 
 The job is the packaged `air_sdk/examples/ddp_demo.py`, bundled alone from a
 temporary directory so nothing of the caller's working directory is uploaded.
@@ -10,12 +10,12 @@ import tempfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from air_sdk.cli._common import EXIT_INTERRUPTED, console, err_console
 from air_sdk.config import DEFAULT_PORT
-from air_sdk.errors import SpecError, TransportError
+from air_sdk.errors import AuthError, SpecError, TransportError
 
 if TYPE_CHECKING:
     from air_sdk.client import Client
@@ -85,29 +85,41 @@ def run_demo(make_client: ClientFactory, *, gateway: str | None, nodes: int, ste
 def _connect(
     make_client: ClientFactory, gateway: str | None, nodes: int
 ) -> tuple[Client, Path | None]:
-    """A client for a gateway that answers, starting a local one when none does.
+    """A client for a gateway that answers and accepts this client's token, starting a
+    local one when none does.
 
-    Returns the client and the home of a gateway started here (to stop at the end).
+    A gateway that answers but refuses the token (another user's, on the default port
+    of a shared machine) is not this user's: unless `--gateway` named it, the demo
+    starts its own on the next free port. Returns the client and the home of a gateway
+    started here (to stop at the end).
     """
     probe = make_client(gateway, max_attempts=1)
+    url = urlsplit(probe.gateway_url)
+    ours_to_start = gateway is None and url.hostname in _LOOPBACK
     try:
-        probe.health()
+        probe.inventory()  # authenticated: a gateway that refuses the token is not ours
         return make_client(gateway), None
     except TransportError:
-        url = urlsplit(probe.gateway_url)
-        if gateway is not None or url.hostname not in _LOOPBACK:
+        if not ours_to_start:
             raise
+        why = f"no gateway at {probe.gateway_url}"
+    except AuthError:
+        if not ours_to_start:
+            raise
+        why = f"the gateway at {probe.gateway_url} is not yours (it refused this client's token)"
+    finally:
+        probe.close()
+    from air_sdk.client.ports import port_is_free
     from air_sdk.gateway.server import GatewayOptions, start_detached
 
-    # The demo's own gateway leaves the client config alone: it is gone afterwards.
-    opts = GatewayOptions(
-        port=url.port or DEFAULT_PORT, num_nodes=max(2, nodes), write_client_config=False
-    )
-    with console.status(
-        f"no gateway at {probe.gateway_url}; starting one with {opts.num_nodes} nodes"
-    ):
+    # The demo's own gateway leaves the client config alone: it is gone afterwards. It
+    # takes the configured port when that is free, else the next free one.
+    port = url.port or DEFAULT_PORT
+    fields: dict[str, Any] = {"port": port} if port_is_free("127.0.0.1", port) else {}
+    opts = GatewayOptions(num_nodes=max(2, nodes), write_client_config=False, **fields)
+    with console.status(f"{why}; starting one with {opts.num_nodes} nodes"):
         proc = start_detached(opts)
-    console.print(f"started a gateway at {proc.url} (log: {proc.log_path})", soft_wrap=True)
+    console.print(f"{why}: started a gateway at {proc.url} (log: {proc.log_path})", soft_wrap=True)
     return make_client(proc.url, proc.token), opts.home
 
 

@@ -1,5 +1,5 @@
 """A gateway on this machine, from the client's side: start one detached, find the one
-running from an AIR home, stop it, or reuse whatever already answers.
+running from an AIR home, stop it, or reuse the one running from the home.
 
 A detached gateway is `python -m air_sdk.gateway.server` in its own session, with
 its `GatewayOptions` as JSON in `$AIR_GATEWAY_OPTIONS`; it records its pid and URL
@@ -27,7 +27,6 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -64,12 +63,12 @@ class GatewayProcess:
 
 @dataclass(frozen=True)
 class LocalGateway:
-    """The gateway `ensure_local_gateway` settled on, and how: `started` now,
-    already `running` from this home, or something else `answering` on the port."""
+    """The gateway `ensure_local_gateway` settled on, and how: `started` now, or
+    already `running` from this home."""
 
     url: str
     home: Path
-    how: Literal["started", "running", "answering"]
+    how: Literal["started", "running"]
     process: GatewayProcess | None = None
 
 
@@ -193,16 +192,19 @@ def stop_detached(home: Path, timeout_s: float = 30) -> bool:
     return True
 
 
-def ensure_local_gateway(answers: Callable[[str], bool], **options: Any) -> LocalGateway:
+def ensure_local_gateway(**options: Any) -> LocalGateway:
     """A gateway for this machine's notebooks and scripts: the one running from the
-    home if any, else whatever already answers on the port, else a new detached one.
+    home if any, else a new detached one. A gateway this home did not start (another
+    user's, on the default port of a shared machine) is never reused: its token is not
+    ours. When the port was not asked for and something else holds it, the new gateway
+    takes the next free port (`GatewayProcess.port_note` says so).
 
-    `options` are `GatewayOptions` fields (home, port, num_nodes, slots_per_node ...);
-    `answers(url)` says whether something answers there. The client config is written
-    for a gateway started or found in the home, so `Client()` uses it.
+    `options` are `GatewayOptions` fields (home, port, num_nodes, slots_per_node ...).
+    The client config is written for the gateway started or found in the home, so
+    `Client()` uses it.
 
     Example:
-        >>> gw = ensure_local_gateway(lambda url: False, port=8471, num_nodes=2)  # doctest: +SKIP
+        >>> gw = ensure_local_gateway(port=8471, num_nodes=2)  # doctest: +SKIP
         >>> gw.how, gw.url  # doctest: +SKIP
         ('started', 'http://127.0.0.1:8471')
     """
@@ -211,8 +213,6 @@ def ensure_local_gateway(answers: Callable[[str], bool], **options: Any) -> Loca
     if running is not None:
         write_client_config(running.url, running.token)
         return LocalGateway(url=running.url, home=opts.home, how="running", process=running)
-    if answers(opts.url):
-        return LocalGateway(url=opts.url, home=opts.home, how="answering")
     process = start_detached(opts)
     write_client_config(process.url, process.token)
     return LocalGateway(url=process.url, home=opts.home, how="started", process=process)

@@ -156,6 +156,41 @@ def test_demo_starts_and_stops_a_gateway_when_none_answers(
     assert "stopped the gateway the demo started" in result.stdout
 
 
+def test_demo_beside_another_users_gateway_starts_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Another user's gateway holds the configured port: it answers health, but refuses
+    this client (no token). The demo starts a gateway of its own on a free port."""
+    fake = DemoGateway()
+    made: list[str] = []
+
+    def foreign(request: requests.PreparedRequest) -> requests.Response:
+        if (request.path_url or "").startswith("/v1/health"):
+            return mock_response(200, {"status": "ok", "version": "test"})
+        return mock_response(401, {"detail": "missing or invalid token"})
+
+    def make_client(gateway: str | None = None, token: str | None = None, **kw: object) -> Client:
+        made.append(token or "")
+        handler = fake if token == "started-token" else foreign
+        return Client(gateway, token, session=mock_session(handler), max_attempts=1)
+
+    monkeypatch.setattr(cli, "make_client", make_client)
+    monkeypatch.setattr(
+        server, "start_detached",
+        lambda opts, timeout_s=60: server.GatewayProcess(
+            pid=1, url=STARTED, token="started-token", log_path=tmp_path / "gw.log"
+        ),
+    )  # fmt: skip
+    monkeypatch.setattr(server, "stop_detached", lambda home, timeout_s=30: True)
+
+    result = runner.invoke(cli.app, ["demo"])
+
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert f"the gateway at {CONFIGURED} is not yours (it refused this client's token)" in out
+    assert "final state SUCCEEDED" in out and fake.tokens == {"Bearer started-token"}
+
+
 def test_demo_failure_prints_rank_exit_and_tail_and_exits_1(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from IPython import get_ipython
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
@@ -111,11 +112,39 @@ def test_start_reuses_a_running_gateway(shell, fake_server, capsys):
     assert "a gateway already runs at http://127.0.0.1:8470 (pid 4242" in capsys.readouterr().out
 
 
-def test_start_reuses_a_gateway_that_answers_on_the_port(shell, fake_server, capsys, monkeypatch):
+def test_start_never_reuses_a_gateway_this_home_did_not_start(
+    shell, fake_server, capsys, monkeypatch
+):
+    # another user's gateway answers on the port: its token is not ours, so a gateway of
+    # the notebook's own starts (the port was not asked for: the next free one if taken)
     monkeypatch.setattr(air_magics, "make_client", lambda *a, **k: FakeClient(a[0], up=True))
     shell.run_line_magic("air", "gateway start")
-    assert fake_server.started == []
-    assert "a gateway already answers at http://127.0.0.1:8470" in capsys.readouterr().out
+    (opts,) = fake_server.started
+    assert "port" not in opts.model_fields_set
+    assert "gateway running at" in capsys.readouterr().out
+
+
+def test_stop_leaves_a_gateway_the_notebook_did_not_start(shell, fake_server, capsys):
+    fake_server.running = GatewayProcess(
+        pid=777, url="http://127.0.0.1:8470", token="cli", log_path=Path("/x")
+    )  # started by `air gateway start` in a terminal, from the same home
+    shell.run_line_magic("air", "gateway start")
+    assert "started outside this notebook" in capsys.readouterr().out
+    shell.run_line_magic("air", "gateway stop")
+    out = capsys.readouterr().out
+    assert "was not started by this notebook: left running" in out
+    assert fake_server.running is not None and fake_server.started == []
+
+
+def test_start_refuses_a_running_gateway_of_another_shape(shell, fake_server, capsys):
+    shell.run_line_magic("air", "gateway start")  # 2 nodes x 1 slot (FakeClient.inventory)
+    capsys.readouterr()
+    with pytest.raises(UsageError) as refused:
+        shell.run_line_magic("air", "gateway start --nodes 2 --slots-per-node 2")
+    message = str(refused.value)
+    assert "with 1 slot per node, not 2" in message
+    assert "stop it with %air gateway stop and run this cell again" in message
+    assert len(fake_server.started) == 1
 
 
 def test_status_and_stop(shell, fake_server, capsys):
