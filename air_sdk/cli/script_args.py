@@ -5,7 +5,9 @@ same, with one allowance so `air submit train.py --nodes 2 --follow` keeps worki
 flags `air submit` knows may still follow SCRIPT, up to the first token it does not
 know (an unknown option such as `--epochs`, or a plain word); from there on every
 token is the script's. `--` ends `air submit`'s flags at once (for a script option
-that `air submit` also has, e.g. `-- --nodes 4`). `-m MODULE` stands where SCRIPT
+that `air submit` also has, e.g. `-- --nodes 4`). Without `--`, a script argument that
+is one of `air submit`'s flags or a near miss of one (`--node`, `--folow`) gets a
+warning that says where to put it; an unknown flag before SCRIPT gets "did you mean". `-m MODULE` stands where SCRIPT
 would (torchrun's `-m`).
 
     air submit train.py --nodes 2 --epochs 3 --lr 0.1   # args: --epochs 3 --lr 0.1
@@ -20,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+import difflib
+import sys
 from collections.abc import Mapping, Sequence
 
 # typer vendors click (typer._click); its commands take these, not the click package's
@@ -27,7 +31,7 @@ from typer._click.core import Context
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand
 
-__all__ = ["ScriptCommand", "UnknownOption", "split_script_args"]
+__all__ = ["ScriptCommand", "UnknownOption", "split_script_args", "stray_flags"]
 
 #: flags that name the program instead of SCRIPT (their value stands where SCRIPT would)
 MODULE_FLAGS = ("-m", "--module")
@@ -79,6 +83,9 @@ def split_script_args(
             if flag not in takes_value:
                 if program_seen:
                     return own, list(tokens[i:])
+                near = _near_miss(flag, takes_value)
+                if near:
+                    raise UnknownOption(f"No such option: {flag} (did you mean {near}?)")
                 raise UnknownOption(
                     f"No such option: {flag} (the script's own options go after SCRIPT:"
                     f" air submit [OPTIONS] SCRIPT {flag} ...)"
@@ -97,6 +104,45 @@ def split_script_args(
         program_seen = True
         i += 1
     return own, []
+
+
+def _near_miss(flag: str, takes_value: Mapping[str, bool]) -> str | None:
+    """The long flag `flag` was probably meant to be (`--node` -> `--nodes`), if any."""
+    if not flag.startswith("--"):
+        return None
+    longs = [f for f in takes_value if f.startswith("--")]
+    found = difflib.get_close_matches(flag, longs, n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
+def stray_flags(script_args: Sequence[str], takes_value: Mapping[str, bool]) -> list[str]:
+    """Warnings for the script's arguments that look like `air submit`'s own flags
+    (the same, or a near miss such as `--node`): torchrun's rule gives them to the
+    script, which is rarely what was meant after the script's first argument.
+
+    Example:
+        >>> flags = {"--nodes": True, "--follow": False}
+        >>> for line in stray_flags(["--steps", "40", "--follow", "--node", "2"], flags):
+        ...     print(line)
+        --follow went to the script (what follows its first argument is the script's): for air's own, put it before SCRIPT; for the script's, after `--`
+        --node went to the script (what follows its first argument is the script's): did you mean air's --nodes? Put it before SCRIPT; for the script's own, after `--`
+    """
+    said = []
+    for token in script_args:
+        if not token.startswith("--") or token == "--":
+            continue
+        flag = token.partition("=")[0]
+        where = f"{flag} went to the script (what follows its first argument is the script's)"
+        if flag in takes_value:
+            said.append(
+                f"{where}: for air's own, put it before SCRIPT; for the script's, after `--`"
+            )
+        elif near := _near_miss(flag, takes_value):
+            said.append(
+                f"{where}: did you mean air's {near}? Put it before SCRIPT; for the script's"
+                " own, after `--`"
+            )
+    return said
 
 
 class ScriptCommand(TyperCommand):
@@ -123,6 +169,10 @@ class ScriptCommand(TyperCommand):
         except UnknownOption as exc:
             raise UsageError(str(exc), ctx) from None
         rest = super().parse_args(ctx, own)
+        boundary = len(args) - len(script_args) - 1
+        if script_args and not (boundary >= 0 and args[boundary] == "--"):
+            for line in stray_flags(script_args, takes_value):
+                sys.stderr.write(f"warning: {line}\n")
         if ctx.params.get(self.script_param) is None and not ctx.params.get(self.module_param):
             raise UsageError("give SCRIPT, or -m MODULE to run `python -m MODULE`", ctx)
         ctx.params[self.args_param] = script_args

@@ -31,6 +31,44 @@ def test_from_the_first_script_argument_on_everything_is_the_scripts(
     assert "final state" not in result.stdout  # and so did --follow
 
 
+def test_air_flags_among_the_script_arguments_are_warned_about(
+    gateway: FakeGateway, script: Path
+) -> None:
+    # the torchrun rule stays (they are the script's), but they never go astray silently
+    result = invoke("submit", "train.py", "--steps", "40", "--follow")
+    assert result.exit_code == 0, result.output
+    assert gateway.records["j-1"].spec.args == ["--steps", "40", "--follow"]
+    assert (
+        "warning: --follow went to the script (what follows its first argument is the"
+        " script's): for air's own, put it before SCRIPT" in flat(result.stderr)
+    )
+
+
+def test_near_misses_of_air_flags_after_the_script_are_warned_about(
+    gateway: FakeGateway, script: Path
+) -> None:
+    result = invoke("submit", "train.py", "--node", "2", "--folow")
+    assert result.exit_code == 0, result.output
+    warned = flat(result.stderr)
+    assert "--node went to the script" in warned and "did you mean air's --nodes?" in warned
+    assert "--folow went to the script" in warned and "did you mean air's --follow?" in warned
+
+
+def test_after_a_double_dash_nothing_is_warned_about(gateway: FakeGateway, script: Path) -> None:
+    result = invoke("submit", "train.py", "--", "--nodes", "4")
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+
+
+def test_a_near_miss_before_the_script_says_did_you_mean(
+    gateway: FakeGateway, script: Path
+) -> None:
+    result = invoke("submit", "--node", "2", "train.py")
+    assert result.exit_code == 2
+    assert "No such option: --node (did you mean --nodes?)" in flat(result.output)
+    assert gateway.requests == []
+
+
 def test_a_double_dash_still_passes_the_rest_as_is(gateway: FakeGateway, script: Path) -> None:
     result = invoke("submit", "train.py", "--nodes", "2", "--", "--nodes", "4", "--")
     assert result.exit_code == 0, result.output
