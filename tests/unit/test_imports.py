@@ -92,6 +92,8 @@ RULES: dict[str, Rule] = {
     "manifests": rule("manifests schema errors redact", never=f"{SERVER} torch kubernetes"),
     "examples": rule("runtime", never=SERVER),
     "__init__": rule("errors", lazily="client schema planner notebook.function"),
+    # `python -m air_sdk`: the `air` command
+    "__main__": rule("cli", never=f"{SERVER} torch {NOTEBOOK_UI}"),
     # thin: parse, call the client or the notebook helpers; never the gateway
     "magics": rule("client notebook schema errors config", never=f"{SERVER} torch typer"),
 }
