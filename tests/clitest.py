@@ -162,6 +162,14 @@ class FakeGateway:
                 if e.type.value == "metrics"
                 for p in e.data["points"]
             ]
+            if "rank" in query:  # the gateway's filters
+                rows = [r for r in rows if r["rank"] == int(query["rank"])]
+            if "name" in query:
+                rows = [
+                    {**r, "values": {query["name"]: r["values"][query["name"]]}}
+                    for r in rows
+                    if query["name"] in r["values"]
+                ]
             return mock_response(200, {"points": rows})
         raise AssertionError(f"unexpected {request.method} {path}")
 

@@ -43,7 +43,7 @@ from air_sdk.cli.outputs import outputs as outputs_command
 from air_sdk.cli.plan import plan_command
 from air_sdk.cli.script_args import ScriptCommand
 from air_sdk.client.options import JobOptions
-from air_sdk.errors import AirError
+from air_sdk.errors import AirError, SpecError
 from air_sdk.schema.state import JobState
 from air_sdk.text import plural, span
 
@@ -320,7 +320,10 @@ def metrics(
     from air_sdk.cli.terminal_views import metrics_table
     from air_sdk.client import Job
 
-    rows = Job(make_client(gateway), job_id).metrics(name=name, rank=rank)
+    job = Job(make_client(gateway), job_id)
+    rows = job.metrics(name=name, rank=rank)
+    if not rows and (name is not None or rank is not None):
+        _explain_no_metrics(job, name, rank)  # a filter that matches nothing says why
     if not show_all:
         rows = rows[-DEFAULT_METRIC_ROWS:]
     if as_json:
@@ -329,6 +332,22 @@ def metrics(
         console.print("no metrics yet")
     else:
         console.print(metrics_table(rows))
+
+
+def _explain_no_metrics(job: Job, name: str | None, rank: int | None) -> None:
+    """A `SpecError` (exit 2) when `--rank` is none of the job's ranks or `--name` was
+    never logged; nothing when the job simply has not logged yet."""
+    world = job.record().spec.resources.world_size
+    if rank is not None and not 0 <= rank < world:
+        raise SpecError(f"job {job.id} has ranks 0-{world - 1}: --rank {rank} is none of them")
+    if name is not None:
+        logged = sorted({key for row in job.metrics(rank=rank) for key in row.values})
+        if logged:
+            raise SpecError(
+                f"job {job.id} logged no metric named {name!r}"
+                + (f" on rank {rank}" if rank is not None else "")
+                + f"; it logged: {', '.join(logged)}"
+            )
 
 
 @app.command()

@@ -202,6 +202,19 @@ def test_metrics_table_and_json(gateway: FakeGateway) -> None:
     assert [r["step"] for r in rows] == list(range(1, 31))
 
 
+def test_metrics_of_a_rank_or_name_the_job_does_not_have_say_so(gateway: FakeGateway) -> None:
+    gateway.add_job("j-1", JobState.RUNNING)
+    gateway.run_to_end("j-1", JobState.SUCCEEDED, steps=3)
+    rank = invoke("metrics", "j-1", "--rank", "5")
+    assert rank.exit_code == 2
+    assert "job j-1 has ranks 0-1: --rank 5 is none of them" in flat(rank.output)
+    name = invoke("metrics", "j-1", "--name", "los")
+    assert name.exit_code == 2
+    assert "job j-1 logged no metric named 'los'; it logged: loss" in flat(name.output)
+    quiet = invoke("metrics", "j-1", "--rank", "1")  # a rank that logged nothing
+    assert (quiet.exit_code, quiet.stdout.strip()) == (0, "no metrics yet")
+
+
 def test_cancel(gateway: FakeGateway) -> None:
     gateway.add_job("j-1", JobState.RUNNING)
     result = invoke("cancel", "j-1")
