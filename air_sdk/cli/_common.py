@@ -22,6 +22,24 @@ EXIT_INTERRUPTED = 130
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
+
+def print_table(table: Any) -> None:
+    """Print a rich table whole: on a terminal at its width; in a pipe (80 columns to
+    rich) as wide as its widest row, so no path is cut to "..." for `grep` or a script.
+    """
+    if console.is_terminal:
+        console.print(table)
+        return
+    unbounded = console.options.update(max_width=100_000)
+    needed = console.measure(table, options=unbounded).maximum
+    narrow = console.width
+    console.width = max(narrow, needed)
+    try:
+        console.print(table)
+    finally:
+        console.width = narrow
+
+
 GatewayOption = Annotated[
     str | None,
     typer.Option(

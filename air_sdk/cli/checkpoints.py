@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from air_sdk.cli._common import GatewayOption, JsonOption, console, echo_json, handle_errors
+from air_sdk.cli._common import (
+    GatewayOption,
+    JsonOption,
+    console,
+    echo_json,
+    handle_errors,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from typer._click.core import Context  # typer vendors click; its groups take this one
@@ -81,7 +88,7 @@ def list_checkpoints(
                 f"{c.durable_s:.2f} s",
                 f"{c.path} ({c.source})" if c.source else c.path,
             )
-        console.print(table)
+        print_table(table)
     for s in found.skipped:
         console.print(f"[yellow]skipped step {s.step}[/] (attempt {s.attempt}): {s.skipped}")
     for r in found.restores:

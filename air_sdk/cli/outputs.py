@@ -15,7 +15,14 @@ from typing import Annotated
 
 import typer
 
-from air_sdk.cli._common import GatewayOption, JsonOption, console, echo_json, handle_errors
+from air_sdk.cli._common import (
+    GatewayOption,
+    JsonOption,
+    console,
+    echo_json,
+    handle_errors,
+    print_table,
+)
 from air_sdk.cli.gc import human_bytes
 from air_sdk.text import plural
 
@@ -82,7 +89,7 @@ def outputs(
             human_bytes(f.bytes),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.mtime)),
         )
-    console.print(table)
+    print_table(table)
     console.print(
         f"{plural(len(listing.files), 'file')}, {human_bytes(listing.total_bytes)} in"
         f" {listing.directory}; fetch them with `air outputs {job_id} --download [DEST]`",

@@ -175,3 +175,13 @@ def test_the_cli_still_lists_a_jobs_checkpoints_by_default(monkeypatch: pytest.M
         assert "/ckpt/step-10" in result.output
     result = runner.invoke(cli.app, ["checkpoints", "--json", "train-6"])
     assert result.exit_code == 0 and '"step": 10' in result.output
+
+
+def test_the_checkpoint_path_is_whole_in_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `air checkpoints JOB | grep` must see the whole path, not one cut to fit 80 columns
+    path = "/shared/checkpoints/" + "a-long-project-name/" * 4 + "train-6/step-10"
+    client = fake_gateway({"train-6": [commit(10, path)]})
+    monkeypatch.setattr(cli, "make_client", lambda *a, **k: client)
+    result = runner.invoke(cli.app, ["checkpoints", "train-6"])
+    assert result.exit_code == 0, result.output
+    assert path in result.output
