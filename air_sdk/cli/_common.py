@@ -77,6 +77,45 @@ def one_line(message: str) -> str:
     return f"{first} {'; '.join(rest)}" if first.endswith(":") else "; ".join([first, *rest])
 
 
+def flag_message(exc: AirError) -> str:
+    """An invalid job spec said in the flags the user typed (`--nodes 0: must be at
+    least 1`), not in the spec's field names and pydantic's words; other errors as
+    they are.
+
+    Example:
+        >>> from air_sdk.client.client import job_spec
+        >>> try:
+        ...     job_spec(entrypoint="t.py", resources={"nodes": 0}, max_restarts=-2)
+        ... except SpecError as exc:
+        ...     print(flag_message(exc))
+        --nodes 0: must be at least 1; --max-restarts -2: must be at least 0
+    """
+    from pydantic import ValidationError
+
+    from air_sdk.client.options import JOB_OPTIONS
+
+    cause = exc.__cause__
+    if not isinstance(exc, SpecError) or not isinstance(cause, ValidationError):
+        return str(exc)
+    flags = {o.info.spec or o.name: o.flag for o in JOB_OPTIONS}
+    said = []
+    for err in cause.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err.get("type") in ("greater_than_equal", "less_than_equal"):
+            bound = (err.get("ctx") or {}).get("ge", (err.get("ctx") or {}).get("le"))
+            word = "least" if err["type"] == "greater_than_equal" else "most"
+            msg = f"must be at {word} {bound}"
+        value = err.get("input")
+        if loc in flags and isinstance(value, int | float | str):
+            said.append(f"{flags[loc]} {value}: {msg}")
+        elif loc in flags:
+            said.append(f"{flags[loc]}: {msg}")
+        else:
+            said.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(said)
+
+
 def print_error(message: str) -> None:
     err_console.print(f"[bold red]error:[/] [red]{escape(one_line(message))}[/]", soft_wrap=True)
 
@@ -89,7 +128,7 @@ def handle_errors(fn: _F) -> _F:
         try:
             return fn(*args, **kwargs)
         except AirError as exc:
-            print_error(str(exc))
+            print_error(flag_message(exc))
             raise typer.Exit(exit_code_for(exc)) from None
 
     return wrapper  # type: ignore[return-value]
