@@ -67,18 +67,18 @@ _OPTION_COMMANDS: dict[str, tuple[str, ...]] = {
     "limit": ("jobs",),
 }
 # how many positional arguments each command takes
-_NUM_ARGS = {
+_NUM_ARGS: dict[str, int | tuple[int, int]] = {
     "train": 0,
     "gateway": 1,
     "jobs": 0,
-    "status": 1,
+    "status": (0, 1),
     "logs": 1,
     "cancel": 1,
     "attach": 1,
 }
 _ARG_HINT = {
     "gateway": "start, stop or status (e.g. %air gateway start)",
-    "status": "a job id (e.g. %air status train-5d41402a; %air jobs lists them)",
+    "status": "at most a job id (e.g. %air status train-5d41402a; without one: your newest)",
     "logs": "a job id (e.g. %air logs train-5d41402a --tail 20)",
     "cancel": "a job id (e.g. %air cancel train-5d41402a)",
     "attach": "a job id (e.g. %air attach train-5d41402a)",
@@ -282,7 +282,7 @@ class AirMagics(Magics):
         elif args.command == "jobs":
             display(JobsTable(make_client(args.gateway).jobs(limit=args.limit or 20)))
         elif args.command == "status":
-            print(job_status_text(make_client(args.gateway).job_record(args.args[0])))
+            self._status(args)
         elif args.command == "logs":
             self._logs(args)
         elif args.command == "cancel":
@@ -375,6 +375,18 @@ class AirMagics(Magics):
             " stop it with %air gateway stop."
         )
 
+    def _status(self, args: argparse.Namespace) -> None:
+        client = make_client(args.gateway)
+        if args.args:
+            print(job_status_text(client.job_record(args.args[0])))
+            return
+        newest = client.newest_job()  # as `air status`: the newest job by default
+        if newest is None:
+            print(f"you have no jobs on {client.gateway_url} yet: submit one with %%air train")
+            return
+        print(f"job {newest.id}: your newest (%air status JOB for another)")
+        print(job_status_text(newest))
+
     def _logs(self, args: argparse.Namespace) -> None:
         from air_sdk.client import Job
 
@@ -422,7 +434,10 @@ def _check_applicable(args: argparse.Namespace, cell: str | None) -> None:
             where = " and ".join(f"`{c}`" for c in commands)
             raise UsageError(f"{flag} applies to {where}, not to `{command}`")
     expected = _NUM_ARGS[command]
-    if len(args.args) != expected:
+    if isinstance(expected, tuple):  # optional positional: in range, or the hint
+        if not expected[0] <= len(args.args) <= expected[1]:
+            raise UsageError(f"`%air {command}` takes {_ARG_HINT[command]}")
+    elif len(args.args) != expected:
         if expected == 0:
             raise UsageError(
                 f"`{command}` takes no arguments, got {' '.join(args.args)!r}"

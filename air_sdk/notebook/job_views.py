@@ -109,11 +109,11 @@ class JobsTable:
         ...                    spec=JobSpec(code="pass", resources={"nodes": 2}),
         ...                    created_at=0, updated_at=0)
         >>> print(repr(JobsTable([record], now=75)))
-        ID             NAME  STATE   NODES x RANKS  ATTEMPT  AGE
+        ID             NAME  STATE   NODES x PROCS  ATTEMPT  AGE
         cell-5d41402a  cell  QUEUED  2 x 1          0        1m
     """
 
-    COLUMNS = ("ID", "NAME", "STATE", "NODES x RANKS", "ATTEMPT", "AGE")
+    COLUMNS = ("ID", "NAME", "STATE", "NODES x PROCS", "ATTEMPT", "AGE")
 
     def __init__(self, records: Sequence[JobRecord], *, now: float | None = None) -> None:
         now = time.time() if now is None else now

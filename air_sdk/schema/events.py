@@ -41,7 +41,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from air_sdk.schema._guards import WireModel
-from air_sdk.schema.state import JobState
+from air_sdk.schema.state import JobState, show_value
 
 MAX_POINTS_PER_REPORT = 10_000
 MAX_LOG_LINES_PER_REPORT = 10_000
@@ -55,7 +55,14 @@ MAX_TRACEBACK_CHARS = 64 << 10
 
 
 class EventType(str, Enum):
-    """What an event says; its payload model is in the module's table."""
+    """What an event says; its payload model is in the module's table. `str()`, f-strings
+    and a notebook cell show the value (`state`), as JobState does."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     STATE = "state"
     ATTEMPT = "attempt"
@@ -66,6 +73,9 @@ class EventType(str, Enum):
     UTIL = "util"
     ALERT = "alert"
     RESULT = "result"
+
+
+EventType._repr_pretty_ = show_value  # type: ignore[attr-defined]
 
 
 class _Payload(WireModel):

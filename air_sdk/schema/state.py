@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 
 class JobState(str, Enum):
@@ -10,7 +11,7 @@ class JobState(str, Enum):
     -> SUCCEEDED | FAILED | CANCELLED. A terminal state is final.
 
     `str()` and f-strings give the value, as users print it: `print(record.state)`
-    shows `SUCCEEDED`.
+    shows `SUCCEEDED`; so does a notebook cell whose value is a state.
 
     Example:
         >>> JobState.SUCCEEDED.terminal
@@ -43,6 +44,14 @@ class JobState(str, Enum):
     def can_go_to(self, nxt: JobState) -> bool:
         return nxt in ALLOWED_TRANSITIONS[self]
 
+
+def show_value(self: Enum, printer: Any, cycle: bool) -> None:
+    """IPython's display of a cell whose value is a state: `SUCCEEDED`, not
+    `<JobState.SUCCEEDED: 'SUCCEEDED'>` (set after the class: Enum reserves `_x_` names)."""
+    printer.text(self.value)
+
+
+JobState._repr_pretty_ = show_value  # type: ignore[attr-defined]
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 

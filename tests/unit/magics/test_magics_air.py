@@ -76,6 +76,9 @@ class FakeClient:
     def jobs(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
         return list(self.records.values())[:limit]
 
+    def newest_job(self) -> JobRecord | None:
+        return list(self.records.values())[-1] if self.records else None
+
     def _get(self, path: str, model: type, params: dict[str, Any] | None = None) -> Any:
         assert path.endswith("/logs") and model is LogPage
         lines = [LogLine(attempt=1, rank=r, text=f"step {r}") for r in (0, 1)]
@@ -201,7 +204,7 @@ def test_help_lists_every_command_and_option(shell, capsys):
         ("train", None, "put `%%air train [options]` on the first line of the cell"),
         ("trian", None, "invalid choice: 'trian'"),
         ("jobs", "x = 1", "`%%air jobs` takes no cell: use the line magic `%air jobs`"),
-        ("status", None, "`%air status` needs a job id"),
+        ("status j-1 j-2", None, "`%air status` takes at most a job id"),
         ("logs j-1 --nodes 2", None, "--nodes applies to `train` and `gateway`, not to `logs`"),
         ("jobs --rank 1", None, "--rank applies to `logs`, not to `jobs`"),
         ("train extra", "x = 1", "`train` takes no arguments, got 'extra'"),
@@ -343,7 +346,7 @@ def test_jobs_shows_a_table_as_html_and_text(shell, fake, shown, monkeypatch):
         "STATE",
         "NODES",
         "x",
-        "RANKS",
+        "PROCS",  # as `air jobs` says it
         "ATTEMPT",
         "AGE",
     ]
@@ -361,6 +364,15 @@ def test_status_logs_and_cancel(shell, fake, shown, capsys):
     air(shell, f"cancel {job_id}")
     assert capsys.readouterr().out == "cancel requested for job j-1 (now CANCELLED)\n"
     assert fake.posts == ["/v1/jobs/j-1/cancel"]
+
+
+def test_status_without_a_job_is_the_newest_as_in_the_cli(shell, fake, shown, capsys):
+    air(shell, "status")
+    assert "you have no jobs on http://gw.test yet" in capsys.readouterr().out
+    submit_one(shell)
+    air(shell, "status")
+    out = capsys.readouterr().out
+    assert "job j-1: your newest" in out and "job j-1 (cell): QUEUED" in out
 
 
 def test_attach_shows_the_monitor_again_and_stores_the_job(shell, fake, shown):
@@ -381,3 +393,13 @@ def test_an_unreachable_gateway_is_one_line(shell, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "TransportError: could not reach the gateway at http://127.0.0.1:9" in out
     assert "Traceback" not in out
+
+
+def test_a_cell_whose_value_is_a_state_or_event_type_shows_the_value() -> None:
+    from IPython.lib.pretty import pretty
+
+    from air_sdk.schema import EventType, JobState
+
+    assert pretty(JobState.SUCCEEDED) == "SUCCEEDED"  # not <JobState.SUCCEEDED: 'SUCCEEDED'>
+    assert pretty(EventType.STATE) == "state" and str(EventType.STATE) == "state"
+    assert f"{EventType.METRICS}" == "metrics"
