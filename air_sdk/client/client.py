@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import re
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,32 @@ def job_spec(**fields: Any) -> JobSpec:
         return JobSpec.model_validate(fields)
     except ValidationError as exc:
         raise SpecError(f"invalid job spec:\n{format_validation_error(exc)}") from exc
+
+
+def check_syntax(script: Path) -> None:
+    """A `SpecError` saying where a Python script's syntax error is, with the user's own
+    path and line, before anything is uploaded (the job would fail on every rank).
+
+    Example:
+        >>> import tempfile
+        >>> bad = Path(tempfile.mkdtemp()) / "train.py"; _ = bad.write_text("for x in y:")
+        >>> check_syntax(bad)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        air_sdk.errors.SpecError: .../train.py, line 1: ...
+    """
+    if script.suffix != ".py":
+        return
+    try:
+        compile(script.read_bytes(), str(script), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"{exc.filename}, line {exc.lineno}"
+        code = (exc.text or "").rstrip()
+        shown = f"\n    {code.strip()}" if code else ""
+        version = ".".join(map(str, sys.version_info[:2]))
+        raise SpecError(
+            f"{where}: {exc.msg} (checked with Python {version}; fix it and submit again){shown}"
+        ) from None
 
 
 def default_workdir(script: str | Path | None) -> Path:
@@ -333,6 +360,7 @@ class Client:
                     f"script {script_path} is not inside workdir {root}: the script must be"
                     " part of the bundle; pass a workdir that contains it"
                 )
+        check_syntax(script_path)  # a typo fails here, not later on every rank
         fields.setdefault("name", _default_name(script_path))
         spec = job_spec(
             entrypoint=script_path.relative_to(root).as_posix(), args=list(args), **fields

@@ -165,3 +165,14 @@ def test_a_small_bundle_shows_nothing() -> None:
     with BundleProgress(Console(file=out, force_terminal=True), "project/") as progress:
         progress(1 << 20, 1 << 20)
     assert out.getvalue() == ""
+
+
+def test_a_syntax_error_is_found_before_upload_with_the_users_path(
+    gateway: FakeGateway, script: Path
+) -> None:
+    script.write_text("import os\nfor step in range(3)\n    print(step)\n")
+    result = invoke("submit", "train.py", "--nodes", "2")
+    assert result.exit_code == 2
+    said = flat(result.stderr)
+    assert f"{script}, line 2: expected ':'" in said and "for step in range(3)" in said
+    assert gateway.requests == []  # nothing uploaded, nothing submitted
