@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from air_sdk.bundle.files import MAX_FILES_BYTES, collect_files
-from air_sdk.bundle.pack import Bundle, pack_directory
+from air_sdk.bundle.pack import Bundle, Scan, pack_directory, pack_scan, scan_directory
 from air_sdk.bundle.unpack import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
@@ -28,8 +28,11 @@ __all__ = [
     "DEFAULT_MAX_FILES",
     "MAX_FILES_BYTES",
     "Bundle",
+    "Scan",
     "bundle_bytes_sha256",
     "collect_files",
     "pack_directory",
+    "pack_scan",
+    "scan_directory",
     "unpack_bundle",
 ]

@@ -10,6 +10,7 @@ upload of a bundle the gateway already has.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import os
 import stat
@@ -30,7 +31,7 @@ from air_sdk.bundle.unpack import (
 )
 from air_sdk.errors import BundleError, BundleTooLargeError, UnsafeBundleError
 
-__all__ = ["DEFAULT_IGNORES", "Bundle", "pack_directory"]
+__all__ = ["DEFAULT_IGNORES", "Bundle", "Scan", "pack_directory", "pack_scan", "scan_directory"]
 
 #: Always left out, whatever the ignore files say.
 DEFAULT_IGNORES: tuple[str, ...] = (
@@ -50,6 +51,8 @@ _DEFAULT_PATTERNS: _Patterns = pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES
 # enough to say where the files are, without walking millions of them.
 _WALK_CAP_FACTOR = 10
 _GZIP_LEVEL = 6
+#: how often packing a large file reports its progress
+_HEARD_EVERY = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,74 @@ class _Entry:
     source: str | None  # file to read (a link's target), or None for an extra file
     size: int
     executable: bool
+    mtime_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a bundle of a directory would hold, found by stat alone (nothing read):
+    its `fingerprint` is the same while no kept file changed its name, size, mode or
+    mtime, so an unchanged tree need not be packed again.
+
+    Example:
+        >>> import tempfile
+        >>> project = Path(tempfile.mkdtemp()); _ = (project / "train.py").write_text("x")
+        >>> scan_directory(project).fingerprint == scan_directory(project).fingerprint
+        True
+    """
+
+    entries: tuple[_Entry, ...] = field(repr=False)
+    extras: Mapping[str, bytes] = field(repr=False)
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for e in self.entries:
+            content = self.extras.get(e.name) if e.source is None else None
+            said = hashlib.sha256(content).hexdigest() if content is not None else e.source
+            digest.update(f"{e.name}\0{said}\0{e.size}\0{e.mtime_ns}\0{e.executable}\n".encode())
+        return digest.hexdigest()
+
+
+def scan_directory(
+    root: Path,
+    *,
+    extra_files: Mapping[str, bytes] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_files: int = DEFAULT_MAX_FILES,
+) -> Scan:
+    """The files `pack_directory(root, ...)` would pack, checked against the limits
+    (the same errors), by stat alone."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BundleError(f"cannot pack {str(root)!r}: it is not a directory")
+    extras = _checked_extra_files(extra_files or {})
+    walked, truncated = _walk(root, walk_cap=max_files * _WALK_CAP_FACTOR)
+    by_name = {entry.name: entry for entry in walked}
+    for name, content in extras.items():
+        by_name[name] = _Entry(name, None, len(content), executable=False)
+    entries = sorted(by_name.values(), key=lambda entry: entry.name)
+    _check_limits(entries, max_bytes=max_bytes, max_files=max_files, truncated=truncated)
+    _check_no_file_dir_clash(entries)
+    return Scan(tuple(entries), extras)
+
+
+def pack_scan(
+    scan: Scan,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    progress: Callable[[int, int], None] | None = None,
+) -> Bundle:
+    """Pack what `scan_directory` found; `progress` as `pack_directory`'s."""
+    entries = list(scan.entries)
+    data, size = _write_tar_gz(entries, scan.extras, max_bytes=max_bytes, progress=progress)
+    return Bundle(
+        data=data,
+        sha256=bundle_bytes_sha256(data),
+        size=size,
+        num_files=len(entries),
+        files=tuple(entry.name for entry in entries),
+    )
 
 
 def pack_directory(
@@ -96,8 +167,9 @@ def pack_directory(
 ) -> Bundle:
     """Pack the regular files under `root` into a deterministic tar.gz.
 
-    `progress(done, total)` hears the bytes of file content packed so far after each
-    file (`total`: all of them), for a progress bar.
+    `progress(done, total)` hears the bytes of file content packed so far as they
+    are compressed (every few MiB, within a large file too; `total`: all of them),
+    for a progress bar.
 
     Left out: `DEFAULT_IGNORES`, patterns of `.gitignore` files (nested ones
     apply to their subtree) and of `root/.airignore` (which wins over
@@ -123,25 +195,8 @@ def pack_directory(
         >>> bundle.files
         ('__air_main__.py',)
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise BundleError(f"cannot pack {str(root)!r}: it is not a directory")
-    extras = _checked_extra_files(extra_files or {})
-    walked, truncated = _walk(root, walk_cap=max_files * _WALK_CAP_FACTOR)
-    by_name = {entry.name: entry for entry in walked}
-    for name, content in extras.items():
-        by_name[name] = _Entry(name, None, len(content), executable=False)
-    entries = sorted(by_name.values(), key=lambda entry: entry.name)
-    _check_limits(entries, max_bytes=max_bytes, max_files=max_files, truncated=truncated)
-    _check_no_file_dir_clash(entries)
-    data, size = _write_tar_gz(entries, extras, max_bytes=max_bytes, progress=progress)
-    return Bundle(
-        data=data,
-        sha256=bundle_bytes_sha256(data),
-        size=size,
-        num_files=len(entries),
-        files=tuple(entry.name for entry in entries),
-    )
+    scan = scan_directory(root, extra_files=extra_files, max_bytes=max_bytes, max_files=max_files)
+    return pack_scan(scan, max_bytes=max_bytes, progress=progress)
 
 
 # -- walking -------------------------------------------------------------------------------
@@ -178,7 +233,8 @@ def _walk(root: Path, *, walk_cap: int) -> tuple[list[_Entry], bool]:
                 )
             elif item.is_file(follow_symlinks=False):
                 st = item.stat(follow_symlinks=False)
-                entries.append(_named_ok(_Entry(rel, item.path, st.st_size, _is_exec(st))))
+                entry = _Entry(rel, item.path, st.st_size, _is_exec(st), st.st_mtime_ns)
+                entries.append(_named_ok(entry))
             # Anything else (fifo, socket, device) is not job code: leave it out.
             if len(entries) > walk_cap:
                 return entries, True
@@ -210,7 +266,7 @@ def _link_entry(item: os.DirEntry[str], rel: str, real_root: str) -> _Entry | No
     st = os.stat(target)
     if not stat.S_ISREG(st.st_mode):
         return None
-    return _Entry(rel, target, st.st_size, _is_exec(st))
+    return _Entry(rel, target, st.st_size, _is_exec(st), st.st_mtime_ns)
 
 
 def _is_exec(st: os.stat_result) -> bool:
@@ -377,10 +433,31 @@ def _write_tar_gz(
             info.mtime = 0
             info.uid = info.gid = 0
             info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(content))
-            if progress is not None:
-                progress(total, max(expected, total))
+            if progress is None:
+                tar.addfile(info, io.BytesIO(content))
+                continue
+            # heard while the content is compressed: a large file moves the bar too
+            tar.addfile(info, _Heard(content, total - len(content), max(expected, total), progress))
+            progress(total, max(expected, total))
     return buffer.getvalue(), total
+
+
+class _Heard(io.BytesIO):
+    """File content that tells `progress` how far it was read, every `_HEARD_EVERY` bytes."""
+
+    def __init__(
+        self, content: bytes, before: int, total: int, progress: Callable[[int, int], None]
+    ) -> None:
+        super().__init__(content)
+        self._before, self._total, self._progress = before, total, progress
+        self._said = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if self.tell() - self._said >= _HEARD_EVERY:
+            self._said = self.tell()
+            self._progress(self._before + self._said, self._total)
+        return chunk
 
 
 def _read_bounded(entry: _Entry, remaining: int) -> bytes:

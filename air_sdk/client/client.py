@@ -294,12 +294,8 @@ class Client:
                         f"entrypoint {spec.entrypoint!r} not found: looked for {script.resolve()};"
                         " pass workdir= the directory that holds it"
                     )
-            from air_sdk.bundle import pack_directory
-
-            # raises BundleError before anything is sent
-            bundle = pack_directory(root, extra_files=extra_files, progress=progress)
-            self.upload_bundle(bundle.data, bundle.sha256)
-            spec = spec.model_copy(update={"bundle_sha256": bundle.sha256})
+            sha256 = self._bundle_of(root, extra_files, progress)
+            spec = spec.model_copy(update={"bundle_sha256": sha256})
         record = self._http.request(
             "POST",
             "/v1/jobs",
@@ -367,6 +363,41 @@ class Client:
         )
         return self.submit(spec, workdir=root, progress=progress)
 
+    def _bundle_of(
+        self,
+        root: Path,
+        extra_files: Mapping[str, bytes] | None,
+        progress: Callable[[int, int], None] | None,
+    ) -> str:
+        """The sha256 of `root`'s bundle, on the gateway: an unchanged tree (by its
+        scan's fingerprint) whose bundle the gateway has is neither packed nor sent."""
+        from air_sdk.bundle import pack_scan, scan_directory
+        from air_sdk.client.bundle_index import BundleIndex
+
+        scan = scan_directory(root, extra_files=extra_files)  # BundleError before sending
+        index = BundleIndex.default()
+        known = index.get(scan.fingerprint) if index is not None else None
+        if known is not None and self.has_bundle(known):
+            return known
+        bundle = pack_scan(scan, progress=progress)
+        self.upload_bundle(bundle.data, bundle.sha256)
+        if index is not None:
+            index.put(scan.fingerprint, bundle.sha256)
+        return bundle.sha256
+
+    def has_bundle(self, sha256: str) -> bool:
+        """Whether the gateway holds the bundle `sha256` (HEAD).
+
+        Example:
+            >>> Client().has_bundle(bundle.sha256)  # doctest: +SKIP
+            True
+        """
+        head = self._http.request(
+            "HEAD", f"/v1/bundles/{_seg(sha256)}", allow_statuses=frozenset({404})
+        )
+        head.close()
+        return head.status_code != 404
+
     def upload_bundle(self, data: bytes, sha256: str) -> bool:
         """Upload a bundle unless the gateway has it already; True when bytes were sent.
 
@@ -375,9 +406,7 @@ class Client:
             False
         """
         path = f"/v1/bundles/{_seg(sha256)}"
-        head = self._http.request("HEAD", path, allow_statuses=frozenset({404}))
-        head.close()
-        if head.status_code != 404:
+        if self.has_bundle(sha256):
             return False
         response = self._http.request(
             "PUT", path, data=data, headers={"Content-Type": "application/gzip"}

@@ -364,3 +364,13 @@ def test_progress_hears_the_bytes_packed_up_to_the_total(tmp_path: Path) -> None
     heard: list[tuple[int, int]] = []
     pack_directory(tmp_path, progress=lambda done, total: heard.append((done, total)))
     assert heard == [(1000, 6000), (3000, 6000), (6000, 6000)]
+
+
+def test_progress_moves_within_one_large_file(tmp_path: Path) -> None:
+    # a bar that jumped from 0 to the whole size and then sat was what users saw
+    (tmp_path / "weights.bin").write_bytes(os.urandom(12 << 20))
+    heard: list[tuple[int, int]] = []
+    pack_directory(tmp_path, progress=lambda done, total: heard.append((done, total)))
+    total = 12 << 20
+    assert heard[-1] == (total, total)
+    assert [done for done, _ in heard if 0 < done < total]  # heard while compressing

@@ -148,7 +148,9 @@ def test_bundle_errors_surface_before_upload(
     def too_big(root: Path, **_: object) -> None:
         raise BundleTooLargeError("the bundle is 2.1 GB; the limit is 1 GB")
 
-    monkeypatch.setattr("air_sdk.bundle.pack_directory", too_big)
+    monkeypatch.setattr(
+        "air_sdk.bundle.scan_directory", too_big
+    )  # the limits are checked by the scan
     gateway = FakeGateway()
     with pytest.raises(BundleTooLargeError):
         client_for(gateway).submit(JobSpec(entrypoint="train.py"), workdir=project)
@@ -203,3 +205,47 @@ def test_inline_code_without_workdir_sends_no_bundle() -> None:
     client_for(gateway).submit(JobSpec(code="print(1)"))
     assert gateway.methods() == ["POST /v1/jobs"]
     assert gateway.submitted[0][1]["bundle_sha256"] is None
+
+
+def test_an_unchanged_tree_is_not_packed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    (project / "data.bin").write_bytes(b"\0" * (1 << 20))
+    gateway = FakeGateway()
+    client = Client(URL, "tok", session=mock_session(gateway))
+    packed: list[int] = []
+    spec = {"entrypoint": "train.py"}
+
+    client.submit(spec, workdir=project, progress=lambda done, total: packed.append(done))
+    assert packed and gateway.methods()[:2] == [
+        f"HEAD /v1/bundles/{_sha(gateway)}",
+        f"PUT /v1/bundles/{_sha(gateway)}",
+    ]
+    first = gateway.submitted[-1][1]["bundle_sha256"]
+
+    packed.clear()
+    gateway.calls.clear()
+    client.submit(spec, workdir=project, progress=lambda done, total: packed.append(done))
+    assert packed == []  # nothing read or compressed: the bar never shows
+    assert gateway.methods() == [f"HEAD /v1/bundles/{first}", "POST /v1/jobs"]
+    assert gateway.submitted[-1][1]["bundle_sha256"] == first
+
+    (project / "train.py").write_text("print('changed')\n")  # an edit is packed anew
+    client.submit(spec, workdir=project, progress=lambda done, total: packed.append(done))
+    assert packed and gateway.submitted[-1][1]["bundle_sha256"] != first
+
+    del gateway.bundles[first]  # the gateway lost it (air gc): packed and sent again
+    (project / "train.py").write_text("print('hi')\n")
+    import os
+
+    os.utime(project / "train.py", ns=(0, 0))
+    client.submit(spec, workdir=project)
+    assert gateway.submitted[-1][1]["bundle_sha256"] in gateway.bundles
+
+
+def _sha(gateway: FakeGateway) -> str:
+    return next(iter(gateway.bundles))
