@@ -87,14 +87,24 @@ def flop_formulas() -> dict[Any, Callable[..., int]]:
     return dict(counter.flop_registry)
 
 
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return None
+    return DTensor
+
+
 def _local(value: Any) -> Any:
     """A DTensor's local shard (its global shape would count the whole tensor-parallel
     group's work on every rank); anything else as it is."""
-    to_local = getattr(value, "to_local", None)
-    if to_local is None or not isinstance(value, torch.Tensor):
+    if _DTENSOR is None or not isinstance(value, _DTENSOR):
         return value
     with torch.no_grad():
-        return to_local()
+        return value.to_local()
+
+
+_DTENSOR: Any = _dtensor_type()
 
 
 class StepFlopCounter(TorchDispatchMode):
