@@ -1,5 +1,5 @@
 """Two gloo ranks run a tensor-parallel MLP under the runtime's FLOP counter and write
-what each counted (`rank<R>.json`)."""
+what each counted (`rank<R>.json`: forward and hardware FLOPs)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def run(rank: int, port: int, out: str) -> None:
         parallelize_module,
     )
 
-    from air_sdk.runtime._throughput import local_flop_counter
+    from air_sdk.runtime._flops import StepFlopCounter
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
@@ -34,7 +34,9 @@ def run(rank: int, port: int, out: str) -> None:
     parallelize_module(
         model, init_device_mesh("cpu", (2,)), {"0": ColwiseParallel(), "2": RowwiseParallel()}
     )
-    with local_flop_counter() as counter:
+    with StepFlopCounter() as counter:
         model(torch.randn(BATCH, WIDTH)).sum().backward()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(counter.get_total_flops()))
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps([counter.forward_flops, counter.hardware_flops])
+    )
     dist.destroy_process_group()

@@ -44,6 +44,7 @@ from air_sdk.cli.plan import plan_command
 from air_sdk.cli.script_args import ScriptCommand
 from air_sdk.client.options import JobOptions
 from air_sdk.errors import AirError, SpecError
+from air_sdk.schema.api import JobStatus
 from air_sdk.schema.state import JobState
 from air_sdk.text import plural, span
 
@@ -235,15 +236,20 @@ def list_jobs(
 def status(
     job_id: OptionalJobArgument = None, as_json: JsonOption = False, gateway: GatewayOption = None
 ) -> None:
-    """State, attempts, progress and (for a failure) which rank failed and why."""
+    """State, attempts, progress and (for a failure) which rank failed and why.
+
+    `--json` prints the job record plus `step`: the job's latest logged step (null
+    before any `air.log`)."""
     from air_sdk.cli.terminal_views import status_text
 
     job = _job_or_newest(make_client(gateway), job_id, "status")
     record = job.record()
+    snapshot = job.snapshot()
     if as_json:
-        echo_json(record.model_dump(mode="json"))
+        status = JobStatus(**record.model_dump(), step=snapshot.step)
+        echo_json(status.model_dump(mode="json"))
         return
-    console.print(status_text(record, job.snapshot()), soft_wrap=True)
+    console.print(status_text(record, snapshot), soft_wrap=True)
 
 
 @app.command()

@@ -164,6 +164,18 @@ class JobOptions(TypedDict, total=False):
             " `air.checkpoint.due(step)` is true every STEPS steps.",
         ),
     ]
+    checkpoint_dir: Annotated[
+        str | None,
+        Option(
+            spec="checkpoint.dir",
+            metavar="DIR",
+            help="Where ranks write and resume checkpoints (AIR_CHECKPOINT_DIR,"
+            " air.checkpoint): an absolute path every node mounts, or an fsspec URL (default:"
+            " <gateway home>/jobs/<job>/checkpoints). Name an earlier job's directory to resume"
+            " from its checkpoints, e.g. under another layout. The gateway may refuse a path"
+            " outside the roots its operator allows.",
+        ),
+    ]
     output_dir: Annotated[
         str | None,
         Option(

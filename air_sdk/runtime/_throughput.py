@@ -8,13 +8,16 @@ steps done and the wall time, so:
 - `tokens_per_s` (the whole job): tokens x steps/s x data-parallel ranks, where
   the data-parallel ranks are the world size over tp x pp x cp of `AIR_PARALLELISM`
   (ranks of one tensor/pipeline/context group share their tokens);
-- `mfu` (0..1): this rank's FLOP/s over its GPU's peak. The FLOPs per step come
+- `mfu` (0..1): this rank's model FLOP/s over its GPU's peak. Model FLOPs are one
+  forward x 3 (forward and backward), never recomputation. The FLOPs per step come
   from `AIR_FLOPS_PER_TOKEN` (the runner sets it from `JobSpec.model`: 6 per matmul
-  parameter plus attention), else they are counted once: `FlopCounterMode` is on
-  from the first `tokens=` log to the next, and what it counted over those steps is
-  this rank's FLOPs per step (forward, backward and any recompute; a DTensor's local
-  shard, so tensor parallel counts each rank's share), logged once as
-  `flops_per_step`. The counted window runs slower, so it yields no rate.
+  parameter plus attention), else they are counted once (`air_sdk.runtime._flops`):
+  the counter is on from the first `tokens=` log to the next, and what it counted
+  over those steps is this rank's FLOPs per step (a DTensor's local shard, so tensor
+  parallel counts each rank's share), logged once as `flops_per_step`. The counted
+  window runs slower, so it yields no rate.
+- `hfu` (0..1, counted FLOPs only): the same with the hardware's FLOPs, recompute
+  (activation checkpointing) included; logged once as `hardware_flops_per_step`.
 
 The peak is `AIR_PEAK_FLOPS` when set (FLOP/s of one device), else the device table's
 (`air_sdk.planner.devices`) for the GPU's name and `AIR_MFU_DTYPE` (default bf16).
@@ -43,6 +46,8 @@ from air_sdk.schema.worker_env import WorkerEnv
 
 __all__ = [
     "FLOPS_PER_STEP",
+    "HARDWARE_FLOPS_PER_STEP",
+    "HFU",
     "MFU",
     "TOKENS",
     "TOKENS_PER_S",
@@ -56,6 +61,8 @@ TOKENS = "tokens"
 TOKENS_PER_S = "tokens_per_s"
 MFU = "mfu"
 FLOPS_PER_STEP = "flops_per_step"
+HFU = "hfu"
+HARDWARE_FLOPS_PER_STEP = "hardware_flops_per_step"
 
 PEAK_FLOPS_ENV = WorkerEnv.env_name("peak_flops")
 FLOPS_PER_TOKEN_ENV = WorkerEnv.env_name("flops_per_token")
@@ -67,7 +74,7 @@ class ThroughputMeter:
     """Turns (step, time, tokens) of successive logs into tokens/s and MFU.
 
     `non_data_parallel` is tp x pp x cp: how many ranks share one batch's tokens.
-    `count_flops` counts FLOPs with torch's `FlopCounterMode` when `flops_per_token`
+    `count_flops` counts FLOPs (`air_sdk.runtime._flops`) when `flops_per_token`
     is not known (it needs torch imported and a peak to compare with).
     """
 
@@ -100,6 +107,7 @@ class ThroughputMeter:
             else 0.0
         )
         self._mfu_per_step = 0.0
+        self._hfu_per_step = 0.0
         self._counter: Any = None
         self._prev: tuple[int, float] | None = None
 
@@ -124,11 +132,13 @@ class ThroughputMeter:
         if steps <= 0 or seconds <= 0:
             return  # a repeated or rewound step (a restart): start a new interval
         if self._counter is not None:
-            counted = self._stop_counting()
-            if counted:
-                self.flops_per_step = counted / steps
+            model, hardware = self._stop_counting()
+            if model:
+                self.flops_per_step = model / steps
                 self._mfu_per_step = self.flops_per_step / self.peak_flops  # type: ignore[operator]
+                self._hfu_per_step = hardware / steps / self.peak_flops  # type: ignore[operator]
                 values.setdefault(FLOPS_PER_STEP, self.flops_per_step)
+                values.setdefault(HARDWARE_FLOPS_PER_STEP, hardware / steps)
             return  # the counted interval ran slower: no rate from it
         steps_per_s = steps / seconds
         tokens = values[TOKENS]
@@ -139,6 +149,8 @@ class ThroughputMeter:
                 values[MFU] = tokens * steps_per_s * self._mfu_per_token
             elif self._mfu_per_step:
                 values[MFU] = steps_per_s * self._mfu_per_step
+        if self._hfu_per_step and HFU not in values:
+            values[HFU] = steps_per_s * self._hfu_per_step
 
     def _start_counting(self) -> None:
         torch = sys.modules.get("torch")
@@ -146,62 +158,29 @@ class ThroughputMeter:
             self._count = False
             return
         try:
-            counter = local_flop_counter()
+            from air_sdk.runtime._flops import StepFlopCounter
+
+            counter = StepFlopCounter()
             counter.__enter__()
         except Exception:  # MFU is a nicety: never let it break training
             self._count = False
             return
         self._counter = counter
 
-    def _stop_counting(self) -> float:
+    def _stop_counting(self) -> tuple[float, float]:
+        """(model FLOPs, hardware FLOPs) counted; (0, 0) when counting failed."""
         counter, self._counter = self._counter, None
         self._count = False
         try:
             counter.__exit__(None, None, None)
-            return float(counter.get_total_flops())
+            return float(counter.model_flops), float(counter.hardware_flops)
         except Exception:
-            return 0.0
+            return 0.0, 0.0
 
     def close(self) -> None:
         """Leave the FLOP counter if it is still on (the run ended inside the window)."""
         if self._counter is not None:
             self._stop_counting()
-
-
-def local_flop_counter() -> Any:
-    """torch's `FlopCounterMode`, counting this rank's own FLOPs: under tensor parallel
-    it sees matmuls on DTensors, whose global shapes would count the whole tensor-
-    parallel group's work on every rank, so it counts their local shards instead.
-
-    Example:
-        >>> import torch
-        >>> with local_flop_counter() as counter:
-        ...     _ = torch.ones(4, 8) @ torch.ones(8, 2)
-        >>> counter.get_total_flops()
-        128
-    """
-    from torch.utils._pytree import tree_map
-    from torch.utils.flop_counter import FlopCounterMode
-
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without distributed
-        return FlopCounterMode(display=False)
-    if not hasattr(FlopCounterMode, "_count_flops"):  # a torch whose internals moved
-        return FlopCounterMode(display=False)
-
-    def local(value: Any) -> Any:
-        return value._local_tensor if isinstance(value, DTensor) else value
-
-    class LocalFlopCounter(FlopCounterMode):
-        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
-            if func_packet in self.flop_registry:
-                shards = tree_map(local, (out, args, kwargs))
-                super()._count_flops(func_packet, *shards)
-                return out  # the op's result, as it was
-            return super()._count_flops(func_packet, out, args, kwargs)
-
-    return LocalFlopCounter(display=False)
 
 
 def _float_env(env: Mapping[str, str], name: str) -> float | None:

@@ -59,6 +59,7 @@ __all__ = [
     "Inventory",
     "JobList",
     "JobRecord",
+    "JobStatus",
     "LogLine",
     "LogPage",
     "MetricRow",
@@ -108,6 +109,18 @@ class JobRecord(_Wire):
     queue_reason: str | None = None
     #: productive training time / wall time, from the attempts' progress and checkpoints
     goodput: float | None = None
+
+
+class JobStatus(JobRecord):
+    """`air status --json`: the job record and what its event log adds.
+
+    Example:
+        >>> JobStatus.model_fields["step"].default is None
+        True
+    """
+
+    #: the latest step the job logged (`air.log`), as its snapshot folds it; None before any
+    step: int | None = None
 
 
 class JobList(_Wire):

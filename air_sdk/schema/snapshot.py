@@ -33,12 +33,23 @@ MAX_SERIES_POINTS = 2000
 
 #: series the worker runtime derives from `air.log(..., tokens=N)` (see
 #: `air_sdk.runtime._throughput`): the job's tokens per second, rank 0's model FLOPs
-#: utilization (0..1), and rank 0's FLOPs per step once counted
+#: utilization (0..1), and rank 0's FLOPs per step once counted; with counted FLOPs also
+#: the hardware FLOPs utilization (recompute included) and hardware FLOPs per step
 TOKENS_PER_S_METRIC = "tokens_per_s"
 MFU_METRIC = "mfu"
 FLOPS_PER_STEP_METRIC = "flops_per_step"
+HFU_METRIC = "hfu"
+HARDWARE_FLOPS_PER_STEP_METRIC = "hardware_flops_per_step"
 #: derived values, shown as throughput rather than among the logged metrics
-DERIVED_METRICS = frozenset({TOKENS_PER_S_METRIC, MFU_METRIC, FLOPS_PER_STEP_METRIC})
+DERIVED_METRICS = frozenset(
+    {
+        TOKENS_PER_S_METRIC,
+        MFU_METRIC,
+        FLOPS_PER_STEP_METRIC,
+        HFU_METRIC,
+        HARDWARE_FLOPS_PER_STEP_METRIC,
+    }
+)
 
 
 class JobSnapshot(BaseModel):

@@ -72,6 +72,8 @@ def test_counted_flops_under_tensor_parallel_are_each_ranks_share(tmp_path):
     mp.start_processes(tpflops.run, args=(port, str(tmp_path)), nprocs=2, start_method="spawn")
     counted = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     b, w, h = tpflops.BATCH, tpflops.WIDTH, tpflops.HIDDEN
+    forward = 2 * b * w * h * 2
     # forward and backward of both layers, no gradient for the input of the first
-    whole = 2 * b * w * h * 2 * 3 - 2 * b * w * h
-    assert counted == [whole // 2, whole // 2]  # not the whole group's on every rank
+    whole = forward * 3 - 2 * b * w * h
+    share = [forward // 2, whole // 2]
+    assert counted == [share, share]  # not the whole group's on every rank

@@ -40,6 +40,7 @@ GIVEN: dict[str, Any] = {
     "env": {"LR": "0.1"},
     "max_restarts": 3,
     "checkpoint_every": 50,
+    "checkpoint_dir": "/data/ckpt/run-6",
     "output_dir": "/data/runs/7",
     "pool": "cpu",
     "priority": "high",

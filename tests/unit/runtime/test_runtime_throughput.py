@@ -48,14 +48,17 @@ def test_flops_are_counted_once_over_the_first_interval():
     _train_step(model, optimizer, x)
     _train_step(model, optimizer, x)
     counted = meter.observe(3, 2.0, tokens=16)  # two steps counted: per step is half
-    # forward 2*16*(32*64 + 64*8), backward twice that but no input grad for layer 1
+    # model FLOPs: the forward 2*16*(32*64 + 64*8), three times (forward and backward);
+    # the hardware's: forward, and a backward without an input grad for layer 1
     forward = 2 * 16 * (32 * 64 + 64 * 8)
-    expected = forward + forward + (forward - 2 * 16 * 32 * 64)
-    assert counted == {"flops_per_step": expected}
+    expected = 3 * forward
+    hardware = forward + forward + (forward - 2 * 16 * 32 * 64)
+    assert counted == {"flops_per_step": expected, "hardware_flops_per_step": hardware}
     assert meter.flops_per_step == expected
     _train_step(model, optimizer, x)
     out = meter.observe(4, 2.5, tokens=16)
     assert out["mfu"] == pytest.approx(expected * 2 / 1e9)
+    assert out["hfu"] == pytest.approx(hardware * 2 / 1e9)
     assert out["tokens_per_s"] == 32.0
 
 
