@@ -95,7 +95,7 @@ def gc(
         echo_json(report.model_dump(mode="json"))
         return
     verb = "would free" if dry_run else "freed"
-    if not report.jobs and not report.bundles:
+    if not report.jobs and not report.bundles and not report.archives:
         console.print(
             f"nothing to free; ended jobs' files take {human_bytes(report.bytes_kept)}"
             + ("" if older_than else " (`air gc --older-than 0` frees every ended job's)"),
@@ -114,6 +114,12 @@ def gc(
         console.print(
             f"{'would delete' if dry_run else 'deleted'}"
             f" {plural(len(report.bundles), 'unpacked bundle')} no job uses",
+            soft_wrap=True,
+        )
+    if report.archives:
+        console.print(
+            f"{'would delete' if dry_run else 'deleted'}"
+            f" {plural(len(report.archives), 'uploaded bundle')} no running or queued job uses",
             soft_wrap=True,
         )
     console.print(

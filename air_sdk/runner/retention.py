@@ -8,7 +8,8 @@ pass `max_bytes` (oldest first), the directory goes, except its `checkpoints/`:
 a committed checkpoint is the user's work (`air checkpoints export` reads it), so
 it goes only with `include_checkpoints=True`. The job's record, events, logs and
 metrics stay in the database (`air status`, `air logs` still answer).
-An unpacked bundle goes once no job links its files. A job's output directory
+An unpacked bundle goes once no job links its files; an uploaded archive
+(`<home>/bundles/`) once no job that has not ended names it. A job's output directory
 (`<home>/outputs/<job>`, `air_sdk.runner.outputs`) lies outside `jobs/` and is
 never collected.
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from air_sdk.bundle.cache import BundleCache
     from air_sdk.store import SqliteStore
 
-__all__ = ["EndedJob", "RetentionPolicy", "collect_garbage", "disk_usage"]
+__all__ = ["EndedJob", "RetentionPolicy", "collect_garbage", "disk_usage", "unused_archives"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,37 @@ def ended_jobs(
     return found
 
 
+#: an uploaded archive younger than this is kept even when no job names it yet: the
+#: client uploads first and submits after
+ARCHIVE_GRACE_S = 600.0
+
+
+def unused_archives(
+    store: SqliteStore, bundles_dir: Path | None, *, now: float
+) -> list[tuple[Path, str, int]]:
+    """Uploaded bundle archives (`<home>/bundles/<sha256>.tar.gz`) that no job that has
+    not ended names, older than `ARCHIVE_GRACE_S`: (path, sha256, bytes). A later
+    submit of the same tree uploads it again (the client asks first)."""
+    if bundles_dir is None or not bundles_dir.is_dir():
+        return []
+    live = {
+        job.spec.bundle_sha256
+        for job in store.list_jobs(limit=1_000_000)
+        if job.state not in TERMINAL_STATES and job.spec.bundle_sha256
+    }
+    found = []
+    for path in sorted(bundles_dir.glob("*.tar.gz")):
+        sha = path.name.removesuffix(".tar.gz")
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if sha in live or not stat.S_ISREG(st.st_mode) or now - st.st_mtime < ARCHIVE_GRACE_S:
+            continue
+        found.append((path, sha, st.st_blocks * 512))
+    return found
+
+
 def collect_garbage(
     store: SqliteStore,
     jobs_dir: Path,
@@ -187,9 +219,11 @@ def collect_garbage(
     *,
     dry_run: bool = False,
     now: float | None = None,
+    bundles_dir: Path | None = None,
 ) -> GcReport:
     """Delete (or, in a dry run, only count) the files of the ended jobs `policy`
-    selects, then the unpacked bundles no job links any more.
+    selects, then the unpacked bundles no job links any more, and the uploaded
+    archives in `bundles_dir` no job that has not ended names (`unused_archives`).
 
     Example:
         >>> report = collect_garbage(store, home / "jobs", cache, RetentionPolicy())  # doctest: +SKIP
@@ -217,7 +251,11 @@ def collect_garbage(
                 counts.update(tree_counts)
                 stats.update(tree_stats)
     freed = _freed(counts, stats)
+    archives = unused_archives(store, bundles_dir, now=now)
+    freed += sum(size for _, _, size in archives)
     if not dry_run:
+        for path, _, _ in archives:
+            path.unlink(missing_ok=True)
         for job in going:
             for part in _going(job.path, include):
                 remove_tree(part)
@@ -228,6 +266,7 @@ def collect_garbage(
         dry_run=dry_run,
         jobs=[GcJob(job_id=j.job_id, ended_at=j.ended_at, bytes=j.bytes) for j in going],
         bundles=[sha for _, sha in unused],
+        archives=[sha for _, sha, _ in archives],
         bytes_freed=freed,
         bytes_kept=sum(j.bytes for j in ended if j.job_id not in going_ids),
     )

@@ -181,7 +181,12 @@ class Runner:
         if include_checkpoints:
             policy = dataclasses.replace(policy, include_checkpoints=True)
         return collect_garbage(
-            self.store, self.home / "jobs", self.code_cache, policy, dry_run=dry_run
+            self.store,
+            self.home / "jobs",
+            self.code_cache,
+            policy,
+            dry_run=dry_run,
+            bundles_dir=self.home / "bundles",
         )
 
     def _loop(self) -> None:

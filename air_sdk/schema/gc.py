@@ -50,6 +50,8 @@ class GcReport(_Wire):
     jobs: list[GcJob]
     #: sha256 of unpacked bundles that no job links any more
     bundles: list[str]
+    #: sha256 of uploaded bundle archives no job that has not ended names
+    archives: list[str] = Field(default_factory=list)
     #: bytes that leave the disk (a file's bytes go with its last link)
     bytes_freed: int
     #: bytes the files of ended jobs still hold afterwards

@@ -128,3 +128,38 @@ def test_checkpoints_under_an_ended_job_stay_unless_asked_for(home: Home) -> Non
 def test_a_policy_refuses_negative_limits() -> None:
     with pytest.raises(ValueError, match="max_age_s=-1: give 0 or more seconds"):
         RetentionPolicy(max_age_s=-1)
+
+
+def test_uploaded_archives_no_live_job_names_are_freed(tmp_path: Path) -> None:
+    # three one-line edits left three 400 MB uploads behind, and `air gc` freed 0 bytes
+    store = SqliteStore(tmp_path / "air.db")
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    archives = {}
+    for name in ("old", "live", "fresh"):
+        project = tmp_path / name
+        project.mkdir()
+        (project / "weights.bin").write_bytes(os.urandom(MIB))
+        packed = pack_directory(project)
+        archives[name] = packed.sha256
+        (bundles / f"{packed.sha256}.tar.gz").write_bytes(packed.data)
+    ended, _ = store.create_job(
+        JobSpec(entrypoint="t.py", bundle_sha256=archives["old"]), tenant="t"
+    )
+    store.transition(ended.id, JobState.CANCELLED, "ended")
+    store.create_job(JobSpec(entrypoint="t.py", bundle_sha256=archives["live"]), tenant="t")
+    now = __import__("time").time()
+    for name in ("old", "live"):  # uploaded an hour ago; "fresh" just now, for a submit
+        os.utime(bundles / f"{archives[name]}.tar.gz", (now - 3600, now - 3600))
+    policy = RetentionPolicy(max_age_s=7 * DAY)
+
+    dry = collect_garbage(store, tmp_path / "jobs", BundleCache(tmp_path / "cc"), policy,
+                          dry_run=True, bundles_dir=bundles)  # fmt: skip
+    assert dry.archives == [archives["old"]] and dry.bytes_freed >= MIB
+    assert (bundles / f"{archives['old']}.tar.gz").exists()
+
+    done = collect_garbage(store, tmp_path / "jobs", BundleCache(tmp_path / "cc"), policy,
+                           bundles_dir=bundles)  # fmt: skip
+    assert done.archives == [archives["old"]]
+    left = sorted(p.name.removesuffix(".tar.gz") for p in bundles.iterdir())
+    assert left == sorted([archives["live"], archives["fresh"]])
