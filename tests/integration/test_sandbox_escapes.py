@@ -1,0 +1,136 @@
+"""Escapes from the local rank sandbox an outside attacker reproduced (issue 19).
+
+Each attack runs through a real gateway (two tenants, the attacker holds a member
+token of one) whose ranks run sandboxed with bwrap, then the `unshare` jail:
+
+* item 2: the job's `env` reached the sandbox's wrapper, which runs outside the
+  sandbox: an `LD_PRELOAD` library ran inside bwrap and a `PYTHONPATH` module inside
+  the jail, before the hiding, and read the admin token;
+* item 4: under a root gateway (as here: `make demo` and CI run as root) a rank held
+  every capability: it could mount, remount / read-write, write under /usr and leave
+  a setuid-root program in a directory others run from.
+
+bubblewrap must be installed on Linux (`make sandbox-deps`); the LD_PRELOAD attack
+builds its library with the C compiler (Debian's build-essential).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from airtest import stop_gateway_and_its_jobs
+
+from air_sdk.client import Client
+from air_sdk.gateway.server import GatewayOptions, start_detached
+from air_sdk.runner.backends.local import free_port
+from air_sdk.schema import JobState
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes need Linux"),
+]
+KINDS = ["bwrap", "unshare"]
+
+
+@dataclass
+class Gateway:
+    attacker: Client  # a member of tenant "acme"
+    admin_token: str
+    home: Path
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    if request.param == "bwrap" and shutil.which("bwrap") is None:
+        pytest.fail("bwrap is not installed: apt-get install bubblewrap (make sandbox-deps)")
+    home = tmp_path_factory.mktemp("air-home")
+    opts = GatewayOptions(
+        port=free_port(),
+        home=home,
+        num_nodes=1,
+        slots_per_node=2,
+        write_client_config=False,
+        sandbox=request.param,
+    )
+    gw = start_detached(opts)
+    try:
+        assert f"sandboxed with {request.param}" in gw.log_path.read_text()
+        admin = Client(gw.url, gw.token).admin
+        admin.create_tenant("acme")
+        member = admin.create_token(tenant="acme", role="member", name="attacker").token
+        yield Gateway(Client(gw.url, member), gw.token, home)
+    finally:
+        stop_gateway_and_its_jobs(gw.url, gw.token, home)
+
+
+def _run(gateway: Gateway, workdir: Path, **options: object) -> list[str]:
+    job = gateway.attacker.submit_script(workdir / "train.py", **options)  # type: ignore[arg-type]
+    record = job.wait(timeout=240)
+    lines = [line.text for line in job.logs()]
+    assert record.state is JobState.SUCCEEDED, (record.state_reason, lines)
+    return lines
+
+
+# ---- item 2: the job's env reached the wrapper --------------------------------------------
+
+#: from the ranks' working directory (AIR_HOME/jobs/<id>/code), the home's admin token
+PRELOAD = r"""
+#include <stdio.h>
+static void __attribute__((constructor)) steal(void) {
+    char buf[256] = {0};
+    FILE *f = fopen("../../../token", "r");
+    fprintf(stderr, "PRELOADED\n");
+    if (f) { fread(buf, 1, sizeof buf - 1, f); fclose(f); fprintf(stderr, "LEAK:%s\n", buf); }
+}
+"""
+
+#: a `json` that reads the token, then hands over to the real one (the jail imports json)
+JSON_SHIM = """
+import os, sys
+try:
+    sys.stderr.write("LEAK:" + open("../../../token").read() + "\\n")
+except OSError:
+    sys.stderr.write("SHIMMED\\n")
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+del sys.modules[__name__]
+import json as _real
+sys.modules[__name__] = _real
+"""
+
+TRAIN = """
+import json, os
+print(json.dumps("rank ran"), flush=True)
+print("rank ran with LD_PRELOAD=" + os.environ.get("LD_PRELOAD", ""), flush=True)
+"""
+
+
+def test_the_jobs_env_shapes_its_ranks_but_not_the_sandbox_wrapper(gateway, tmp_path):
+    if shutil.which("cc") is None:
+        pytest.fail("no C compiler to build the LD_PRELOAD library: apt-get install gcc")
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "train.py").write_text(textwrap.dedent(TRAIN))
+    (work / "json.py").write_text(textwrap.dedent(JSON_SHIM))
+    (work / "steal.c").write_text(PRELOAD)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(work / "steal.so"), str(work / "steal.c")],
+        check=True,
+    )
+    lines = _run(gateway, work, env={"LD_PRELOAD": "./steal.so", "PYTHONPATH": "."})
+    text = "\n".join(lines)
+    assert "LEAK:" not in text and gateway.admin_token not in text, lines
+    # the env still reached the rank: the library and the module were loaded inside
+    assert "rank ran with LD_PRELOAD=./steal.so" in text, lines
+    assert "PRELOADED" in text, lines
+    assert "SHIMMED" in text, lines
