@@ -134,3 +134,74 @@ def test_the_jobs_env_shapes_its_ranks_but_not_the_sandbox_wrapper(gateway, tmp_
     assert "rank ran with LD_PRELOAD=./steal.so" in text, lines
     assert "PRELOADED" in text, lines
     assert "SHIMMED" in text, lines
+
+
+# ---- item 4: a root gateway's ranks held every capability --------------------------------
+
+ROOT_ESCAPE = """
+import ctypes, json, os, shutil, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+MS_REMOUNT, MS_BIND = 32, 4096
+canary = sys.argv[1]
+result = {}
+
+def status(text, name):
+    return next(l.split()[1] for l in text.splitlines() if l.startswith(name + ":"))
+
+def syscall(name, ret):
+    result[name] = "DONE" if ret == 0 else os.strerror(ctypes.get_errno())
+
+own = open("/proc/self/status").read()
+result["uid"] = os.getuid()
+result["CapEff"], result["CapBnd"] = status(own, "CapEff"), status(own, "CapBnd")
+result["NoNewPrivs"] = status(own, "NoNewPrivs")
+os.makedirs("/tmp/m", exist_ok=True)
+syscall("mount tmpfs", libc.mount(b"none", b"/tmp/m", b"tmpfs", 0, None))
+home = os.path.realpath("../../..")  # the gateway's home, hidden by a tmpfs
+syscall("unmount the hiding", libc.umount2(home.encode(), 2))
+syscall("remount / rw", libc.mount(None, b"/", None, MS_REMOUNT | MS_BIND, None))
+try:
+    open(f"/usr/{canary}", "w").write("x")
+    result["write /usr"] = "WROTE"
+except OSError as exc:
+    result["write /usr"] = type(exc).__name__
+out = os.environ["AIR_OUTPUT_DIR"]
+suid = os.path.join(out, "suid-cat")
+shutil.copy("/bin/cat", suid)
+os.chmod(suid, 0o4755)
+result["setuid bit"] = bool(os.stat(suid).st_mode & 0o4000)
+result["output dir nosuid"] = bool(os.statvfs(out).f_flag & os.ST_NOSUID)
+child = subprocess.run([suid, "/proc/self/status"], capture_output=True, text=True).stdout
+result["setuid child CapEff"] = status(child, "CapEff")
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+
+def test_a_root_gateways_rank_holds_no_capability(gateway, tmp_path):
+    import os
+    import secrets
+
+    if os.geteuid() != 0:
+        pytest.skip("the gateway here is not root; this attack needs a root gateway (CI, make demo)")
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "train.py").write_text(textwrap.dedent(ROOT_ESCAPE))
+    canary = f"air-escape-{secrets.token_hex(6)}"
+    try:
+        lines = _run(gateway, work, args=[canary])
+    finally:
+        if os.path.exists(f"/usr/{canary}"):
+            os.unlink(f"/usr/{canary}")
+            pytest.fail(f"a rank wrote /usr/{canary} on the host")
+    found = [json.loads(t[len("RESULT ") :]) for t in lines if t.startswith("RESULT ")]
+    assert found, lines
+    result = found[0]
+    assert result["CapEff"] == "0000000000000000" and result["CapBnd"] == "0000000000000000"
+    assert result["NoNewPrivs"] == "1"
+    for attack in ("mount tmpfs", "unmount the hiding", "remount / rw"):
+        assert result[attack] != "DONE", result
+    assert result["write /usr"] in ("OSError", "PermissionError"), result
+    # a setuid-root program the rank leaves in its output directory runs without
+    # privileges inside (nosuid, no capability to regain)
+    assert result["output dir nosuid"] is True, result
+    assert result["setuid child CapEff"] == "0000000000000000", result
