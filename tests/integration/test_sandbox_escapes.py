@@ -182,7 +182,9 @@ def test_a_root_gateways_rank_holds_no_capability(gateway, tmp_path):
     import secrets
 
     if os.geteuid() != 0:
-        pytest.skip("the gateway here is not root; this attack needs a root gateway (CI, make demo)")
+        pytest.skip(
+            "the gateway here is not root; this attack needs a root gateway (CI, make demo)"
+        )
     work = tmp_path / "job"
     work.mkdir()
     (work / "train.py").write_text(textwrap.dedent(ROOT_ESCAPE))
