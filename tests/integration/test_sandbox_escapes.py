@@ -6,6 +6,8 @@ token of one) whose ranks run sandboxed with bwrap, then the `unshare` jail:
 * item 2: the job's `env` reached the sandbox's wrapper, which runs outside the
   sandbox: an `LD_PRELOAD` library ran inside bwrap and a `PYTHONPATH` module inside
   the jail, before the hiding, and read the admin token;
+* item 3: `output_dir` and `checkpoint.dir` could name any path (the home's parent,
+  `/`, `/etc`, `~/.ssh`), which the gateway created and bound read-write;
 * item 4: under a root gateway (as here: `make demo` and CI run as root) a rank held
   every capability: it could mount, remount / read-write, write under /usr and leave
   a setuid-root program in a directory others run from.
@@ -45,6 +47,7 @@ class Gateway:
     attacker: Client  # a member of tenant "acme"
     admin_token: str
     home: Path
+    approved: Path  # the gateway's allowed_data_roots
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -54,6 +57,7 @@ def gateway(
     if request.param == "bwrap" and shutil.which("bwrap") is None:
         pytest.fail("bwrap is not installed: apt-get install bubblewrap (make sandbox-deps)")
     home = tmp_path_factory.mktemp("air-home")
+    approved = tmp_path_factory.mktemp("approved")
     opts = GatewayOptions(
         port=free_port(),
         home=home,
@@ -61,6 +65,7 @@ def gateway(
         slots_per_node=2,
         write_client_config=False,
         sandbox=request.param,
+        allowed_data_roots=(approved,),
     )
     gw = start_detached(opts)
     try:
@@ -68,7 +73,7 @@ def gateway(
         admin = Client(gw.url, gw.token).admin
         admin.create_tenant("acme")
         member = admin.create_token(tenant="acme", role="member", name="attacker").token
-        yield Gateway(Client(gw.url, member), gw.token, home)
+        yield Gateway(Client(gw.url, member), gw.token, home, approved)
     finally:
         stop_gateway_and_its_jobs(gw.url, gw.token, home)
 
@@ -207,3 +212,48 @@ def test_a_root_gateways_rank_holds_no_capability(gateway, tmp_path):
     # privileges inside (nosuid, no capability to regain)
     assert result["output dir nosuid"] is True, result
     assert result["setuid child CapEff"] == "0000000000000000", result
+
+
+# ---- item 3: job-chosen directories anywhere ---------------------------------------------
+
+WRITE_OUTPUT = """
+import os
+open(os.path.join(os.environ["AIR_OUTPUT_DIR"], "ok.txt"), "w").write("ok")
+print("wrote", flush=True)
+"""
+
+
+def test_job_chosen_directories_are_refused_outside_the_approved_roots(gateway, tmp_path):
+    import os
+    import secrets
+
+    from air_sdk.errors import ApiError
+
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "train.py").write_text(textwrap.dedent(WRITE_OUTPUT))
+    canary = f"/etc/air-escape-{secrets.token_hex(6)}"
+    attacks = {
+        "output_dir": [
+            str(gateway.home.parent),
+            str(gateway.home),
+            "/",
+            canary,
+            str(Path.home() / ".ssh" / "air"),
+            str(gateway.home / "jobs" / "someone-elses"),
+        ],
+        "checkpoint": ["/etc", str(gateway.home / "secrets")],
+    }
+    for field, paths in attacks.items():
+        for path in paths:
+            options = {"checkpoint": {"dir": path}} if field == "checkpoint" else {field: path}
+            with pytest.raises(ApiError) as refused:
+                gateway.attacker.submit({"entrypoint": "train.py", **options}, workdir=work)
+            assert refused.value.status == 400, (path, refused.value)
+            assert "leave it unset" in str(refused.value), refused.value
+    assert not os.path.exists(canary)
+    # under the operator's approved root it works, and the error named that setting
+    assert "allowed_data_roots" in str(refused.value) or "home" in str(refused.value)
+    run = gateway.approved / "run-1"
+    _run(gateway, work, output_dir=str(run))
+    assert (run / "ok.txt").read_text() == "ok"

@@ -98,11 +98,12 @@ def mount(
         raise JailError(f"mount {target}: {os.strerror(errno)}")
 
 
-def _bind_fd(fd: int, target: str, read_only: bool = False) -> None:
+def _bind_fd(fd: int, target: str, read_only: bool = False, device: bool = False) -> None:
     mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-    # a bind copies its source's flags, read-only since `_read_only_root`: set them
-    ro = MS_RDONLY if read_only else 0
-    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | ro)
+    # a bind copies its source's flags, read-only since `_read_only_root`: set them;
+    # nosuid and (but for the devices) nodev, as bwrap's binds
+    flags = MS_NOSUID | (MS_RDONLY if read_only else 0) | (0 if device else MS_NODEV)
+    mount(None, target, None, MS_REMOUNT | MS_BIND | flags)
 
 
 def _open(path: str) -> int | None:
@@ -153,7 +154,7 @@ def _new_dev(spec: dict, fds: dict[str, int], devices: list[str]) -> None:
         if fd is None:
             continue
         _make_target(path, os.path.isdir(f"/proc/self/fd/{fd}"))
-        _bind_fd(fd, path)
+        _bind_fd(fd, path, device=True)
     for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0")):
         os.symlink(to, f"/dev/{name}")
     os.symlink("/proc/self/fd/1", "/dev/stdout")
@@ -200,7 +201,7 @@ def build(spec: dict) -> None:
     null = fds.get("/dev/null")
     for path in spec.get("hide_files", []):
         if null is not None and os.path.isfile(path):
-            _bind_fd(null, path, read_only=True)
+            _bind_fd(null, path, read_only=True, device=True)
     for path in spec.get("writable", []):
         _make_target(path, True)
         _bind_fd(fds[path], path)
