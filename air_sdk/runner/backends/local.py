@@ -244,7 +244,10 @@ class LocalBackend:
         # spoil; the backend trusts a pid there only below the NodeRunner (`_live_ranks`).
         writable = [launch.cwd, str(attempt_dir.parent)]
         env = launch.ranks[0].env if launch.ranks else {}
-        own = [job_root, default_output_dir(job_id=job_id, home=home, storage=None)]
+        own: list[str | Path] = [
+            job_root,
+            default_output_dir(job_id=job_id, home=home, storage=None),
+        ]
         for field in ("checkpoint_dir", "output_dir"):
             path = env.get(WorkerEnv.env_name(field))
             if not path or not os.path.isabs(path):  # none, or an fsspec URL
