@@ -257,3 +257,30 @@ def test_job_chosen_directories_are_refused_outside_the_approved_roots(gateway, 
     run = gateway.approved / "run-1"
     _run(gateway, work, output_dir=str(run))
     assert (run / "ok.txt").read_text() == "ok"
+
+
+def test_a_link_planted_after_submit_is_refused_at_launch(tmp_path):
+    """The launch checks again: a directory that passed at submit and became a link
+    to the gateway's home by launch time is refused, not created or bound."""
+    import os
+
+    from air_sdk.errors import ConfigError
+    from air_sdk.runner.backends.local import LocalBackend
+    from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
+    from air_sdk.schema import WorkerEnv
+
+    home, approved = tmp_path / "home", tmp_path / "approved"
+    attempt_dir = home / "jobs" / "j1" / "attempts" / "1"
+    for d in (home / "jobs" / "j1" / "code", attempt_dir, approved):
+        d.mkdir(parents=True)
+    backend = LocalBackend(1, 1, sandbox="unshare", home=home, allowed_data_roots=[approved])
+    spec_path = str(approved / "run")
+    assert backend.path_policy().refusal("output_dir", spec_path) is None  # as at submit
+    os.symlink(home, approved / "run")
+    env = {WorkerEnv.env_name("output_dir"): spec_path}
+    launch = NodeLaunch(
+        "j1", 1, "node-0", str(home / "jobs" / "j1" / "code"), ["t.py"],
+        [RankLaunch(0, 0, env)], str(attempt_dir), str(attempt_dir / "n.log"),
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="symbolic link"):
+        backend.sandbox_spec("j1", attempt_dir, launch)
