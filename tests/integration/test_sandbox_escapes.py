@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from airtest import stop_gateway_and_its_jobs
+from airtest import stop_gateway_and_its_jobs, wait_for
 
 from air_sdk.client import Client
 from air_sdk.gateway.server import GatewayOptions, start_detached
@@ -78,11 +78,19 @@ def gateway(
         stop_gateway_and_its_jobs(gw.url, gw.token, home)
 
 
-def _run(gateway: Gateway, workdir: Path, **options: object) -> list[str]:
+def _run(gateway: Gateway, workdir: Path, expect: str, **options: object) -> list[str]:
+    """The job's log lines once one holds `expect` (a rank's last lines may reach the
+    gateway a moment after the job ended)."""
     job = gateway.attacker.submit_script(workdir / "train.py", **options)  # type: ignore[arg-type]
     record = job.wait(timeout=240)
     lines = [line.text for line in job.logs()]
     assert record.state is JobState.SUCCEEDED, (record.state_reason, lines)
+
+    def complete() -> list[str] | None:
+        lines[:] = [line.text for line in job.logs()]
+        return lines if any(expect in t for t in lines) else None
+
+    wait_for(complete, 60, f"a log line with {expect!r}")
     return lines
 
 
@@ -132,7 +140,9 @@ def test_the_jobs_env_shapes_its_ranks_but_not_the_sandbox_wrapper(gateway, tmp_
         ["cc", "-shared", "-fPIC", "-o", str(work / "steal.so"), str(work / "steal.c")],
         check=True,
     )
-    lines = _run(gateway, work, env={"LD_PRELOAD": "./steal.so", "PYTHONPATH": "."})
+    lines = _run(
+        gateway, work, "rank ran with", env={"LD_PRELOAD": "./steal.so", "PYTHONPATH": "."}
+    )
     text = "\n".join(lines)
     assert "LEAK:" not in text and gateway.admin_token not in text, lines
     # the env still reached the rank: the library and the module were loaded inside
@@ -195,7 +205,7 @@ def test_a_root_gateways_rank_holds_no_capability(gateway, tmp_path):
     (work / "train.py").write_text(textwrap.dedent(ROOT_ESCAPE))
     canary = f"air-escape-{secrets.token_hex(6)}"
     try:
-        lines = _run(gateway, work, args=[canary])
+        lines = _run(gateway, work, "RESULT ", args=[canary])
     finally:
         if os.path.exists(f"/usr/{canary}"):
             os.unlink(f"/usr/{canary}")
@@ -255,7 +265,7 @@ def test_job_chosen_directories_are_refused_outside_the_approved_roots(gateway, 
     # under the operator's approved root it works, and the error named that setting
     assert "allowed_data_roots" in str(refused.value) or "home" in str(refused.value)
     run = gateway.approved / "run-1"
-    _run(gateway, work, output_dir=str(run))
+    _run(gateway, work, "wrote", output_dir=str(run))
     assert (run / "ok.txt").read_text() == "ok"
 
 
