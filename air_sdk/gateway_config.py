@@ -276,6 +276,14 @@ class GatewayOptions(BaseSettings):
         description="Directory every sandboxed job may write besides its own (shared data or"
         " outputs; repeat). The rest of the filesystem is read-only to jobs.",
     )
+    allowed_data_roots: Annotated[tuple[Path, ...], Flag("--allowed-data-root", metavar="DIR")] = (
+        Field(
+            (),
+            description="Directory under which sandboxed jobs may name their own output_dir or"
+            " checkpoint.dir (repeat; default: none, they stay under the job's directory in the"
+            " home). Never the home or an ancestor of it (docs/security.md).",
+        )
+    )
     allow_unsandboxed_tenants: bool = Field(
         False,
         description="Serve more than one tenant on the local backend although its ranks run"

@@ -34,6 +34,7 @@ from air_sdk.gateway.app import (
 from air_sdk.gateway.bodies import describe_validation_error, json_body, parse_model
 from air_sdk.planner.refusal import submit_refusal
 from air_sdk.redact import Redactor, redact_env
+from air_sdk.runner import job_paths
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
 from air_sdk.runner.service import spec_request
 from air_sdk.scheduler import fits_ever
@@ -232,6 +233,8 @@ def _submit(
     too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])
     if too_big is not None:
         raise HTTPException(400, too_big)
+    if (bad_path := job_paths.submit_refusal(spec, ctx.runner.backend)) is not None:
+        raise HTTPException(400, bad_path)  # checked again at launch
     try:
         job, created = ctx.store.create_job(
             spec, tenant=principal.tenant, idempotency_key=idempotency_key

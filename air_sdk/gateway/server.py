@@ -233,6 +233,7 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
             home=opts.home,
             hidden_files=[opts.tls_key] if opts.tls_key else None,
             shared_dirs=list(opts.sandbox_binds),
+            allowed_data_roots=list(opts.allowed_data_roots),
         )
     if opts.backend == "ray":
         if pools:

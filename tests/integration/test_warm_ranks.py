@@ -179,8 +179,9 @@ def test_a_restart_after_a_sigkilled_rank_runs_on_warm_interpreters(own_gateway,
     for r in ranks:
         p = psutil.Process(r.pid)
         assert p.create_time() < started_at  # it existed before the attempt
-        assert p.environ()["AIR_JOB_ID"] == job.id  # the job's own process
         inner = _procs.payload(r.pid)  # the interpreter, below the job's sandbox if any
+        # the job's own process (its sandbox's wrapper starts with an empty environment)
+        assert psutil.Process(inner).environ()["AIR_JOB_ID"] == job.id
         assert os.getsid(inner) == inner  # a session of its own, like a cold rank
     # and the NodeRunners warm replacements for the attempt after
     wait_for(lambda: warm_interpreters(job.id) - ready, READY_TIMEOUT_S, "replacements")

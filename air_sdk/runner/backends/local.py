@@ -43,6 +43,7 @@ from pathlib import Path
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import LaunchRequest, NodeStatus
 from air_sdk.runner.devices import local_virtual_nodes
+from air_sdk.runner.job_paths import JobPathPolicy
 from air_sdk.runner.node import _procs
 from air_sdk.runner.node.env import allowed_env
 from air_sdk.runner.node.launch import NodeLaunch
@@ -57,7 +58,7 @@ from air_sdk.runner.node.sandbox import (
     under_tmp,
 )
 from air_sdk.scheduler import NodeSpec
-from air_sdk.schema import WorkerEnv
+from air_sdk.schema import JobSpec, WorkerEnv
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class LocalBackend:
         home: Path | None = None,
         hidden_files: list[Path] | None = None,
         shared_dirs: list[Path] | None = None,
+        allowed_data_roots: list[Path] | None = None,
     ) -> None:
         self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
         self.warm = warm_ranks_enabled(warm)
@@ -157,6 +159,8 @@ class LocalBackend:
         missing = [p for p in self.shared_dirs if not os.path.isdir(p)]
         if missing and self.sandbox.enabled:
             raise ConfigError(f"--sandbox-bind {missing[0]}: no such directory; create it first")
+        #: where jobs may name their own directories besides the home (`job_paths`)
+        self.allowed_data_roots = [str(p) for p in allowed_data_roots or []]
         self._lock = threading.Lock()
         #: job id -> the directory of its NodeRunners (jobs/<id>/nodes)
         self._jobs: dict[str, Path] = {}
@@ -240,22 +244,19 @@ class LocalBackend:
         # spoil; the backend trusts a pid there only below the NodeRunner (`_live_ranks`).
         writable = [launch.cwd, str(attempt_dir.parent)]
         env = launch.ranks[0].env if launch.ranks else {}
+        own: list[str | Path] = [
+            job_root,
+            default_output_dir(job_id=job_id, home=home, storage=None),
+        ]
         for field in ("checkpoint_dir", "output_dir"):
             path = env.get(WorkerEnv.env_name(field))
             if not path or not os.path.isabs(path):  # none, or an fsspec URL
                 continue
-            real = Path(path).resolve()
-            own = [
-                job_root.resolve(),
-                Path(default_output_dir(job_id=job_id, home=home, storage=None)).resolve(),
-            ]
-            if real.is_relative_to(home.resolve()) and not any(real.is_relative_to(o) for o in own):
-                raise ConfigError(
-                    f"{field.replace('_', ' ')} {path} is in the gateway's home but not in this"
-                    f" job's directory ({job_root}): leave it unset (the default is under the"
-                    " job) or name a directory outside the home"
-                )
-            real.mkdir(parents=True, exist_ok=True)
+            # checked at submit too; again here, as the directory is made (issue 19)
+            why = self.path_policy(home).refusal(field, path, own=own)
+            if why is not None:
+                raise ConfigError(why)
+            Path(path).mkdir(parents=True, exist_ok=True)
             writable.append(path)
         tmp = job_root / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
@@ -283,6 +284,19 @@ class LocalBackend:
             devices=gpu_devices(),
             cwd=launch.cwd,
         )
+
+    def path_policy(self, home: Path | None = None) -> JobPathPolicy:
+        """Where this backend's jobs may name their own directories (`job_paths`)."""
+        from air_sdk.config import config_file
+
+        roots = [*self.allowed_data_roots, *self.shared_dirs]
+        return JobPathPolicy.build(home or self.home or Path.home(), roots, [config_file().parent])
+
+    def job_path_refusal(self, spec: JobSpec) -> str | None:
+        """Why `spec`'s own directories are refused (sandboxed ranks only), or None."""
+        if not self.sandbox.enabled:
+            return None
+        return self.path_policy().spec_refusal(spec)
 
     def _kept(self, node_dir: Path) -> NodeProcess | None:
         """The job's NodeRunner of this node, if one runs (from an earlier attempt)."""

@@ -1,9 +1,12 @@
-"""A rank's sandbox without bubblewrap: `python -S _jail.py SPEC_JSON -- ARGV...`.
+"""A rank's sandbox without bubblewrap: `python -I -S _jail.py SPEC_JSON [ENV_FD] -- ARGV...`.
 
-Standard library only (it runs as a script, before anything is imported). The
-process the NodeRunner starts ("outer") dies with it (parent-death signal), calls
-unshare(2) for a mount and a pid namespace (and a user namespace when not root),
-and forks the namespace's init, which
+Standard library only (it runs as a script, before anything is imported), isolated
+(`-I`) and with an empty environment: it runs outside the sandbox until unshare(2),
+so nothing of the job's may shape it. The rank's environment comes as a JSON object
+on ENV_FD (`air_sdk.runner.node.sandbox.wrap`) and is applied only when the rank is
+exec'd. The process the NodeRunner starts ("outer") dies with it (parent-death
+signal), calls unshare(2) for a user, a mount and a pid namespace (a root gateway's
+too: uid 0 maps to itself), and forks the namespace's init, which
 
 1. opens every directory it will bind back, while they are still visible;
 2. makes every mount private, then read-only;
@@ -11,7 +14,9 @@ and forks the namespace's init, which
    /proc of the new pid namespace, the job's /tmp and /dev/shm;
 4. covers the hidden directories with empty tmpfs and binds the job's directories
    back at their paths (`air_sdk.runner.node.sandbox.SandboxSpec`);
-5. forks the rank in a session of its own and passes it the signals it gets.
+5. forks the rank in a session of its own, which drops every capability (the
+   bounding and ambient sets too, root's exec fix-ups locked off) and sets
+   PR_SET_NO_NEW_PRIVS before it execs, and passes it the signals it gets.
 
 A rank killed by a signal makes outer die by the same signal, so the NodeRunner
 reads it as Popen does without a sandbox (an OOM kill stays a SIGKILL).
@@ -41,6 +46,15 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+#: SECBIT_NOROOT, _NO_SETUID_FIXUP, _KEEP_CAPS, _NO_CAP_AMBIENT_RAISE, each locked (but
+#: KEEP_CAPS itself): uid 0 gains nothing from exec, setuid or ambient capabilities
+_SECUREBITS = 0b11101111
+_CAPABILITY_VERSION_3 = 0x20080522
 _KEEP_FLAGS = {
     "nosuid": MS_NOSUID,
     "nodev": MS_NODEV,
@@ -84,11 +98,12 @@ def mount(
         raise JailError(f"mount {target}: {os.strerror(errno)}")
 
 
-def _bind_fd(fd: int, target: str, read_only: bool = False) -> None:
+def _bind_fd(fd: int, target: str, read_only: bool = False, device: bool = False) -> None:
     mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-    # a bind copies its source's flags, read-only since `_read_only_root`: set them
-    ro = MS_RDONLY if read_only else 0
-    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | ro)
+    # a bind copies its source's flags, read-only since `_read_only_root`: set them;
+    # nosuid and (but for the devices) nodev, as bwrap's binds
+    flags = MS_NOSUID | (MS_RDONLY if read_only else 0) | (0 if device else MS_NODEV)
+    mount(None, target, None, MS_REMOUNT | MS_BIND | flags)
 
 
 def _open(path: str) -> int | None:
@@ -139,7 +154,7 @@ def _new_dev(spec: dict, fds: dict[str, int], devices: list[str]) -> None:
         if fd is None:
             continue
         _make_target(path, os.path.isdir(f"/proc/self/fd/{fd}"))
-        _bind_fd(fd, path)
+        _bind_fd(fd, path, device=True)
     for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0")):
         os.symlink(to, f"/dev/{name}")
     os.symlink("/proc/self/fd/1", "/dev/stdout")
@@ -186,7 +201,7 @@ def build(spec: dict) -> None:
     null = fds.get("/dev/null")
     for path in spec.get("hide_files", []):
         if null is not None and os.path.isfile(path):
-            _bind_fd(null, path, read_only=True)
+            _bind_fd(null, path, read_only=True, device=True)
     for path in spec.get("writable", []):
         _make_target(path, True)
         _bind_fd(fds[path], path)
@@ -198,6 +213,39 @@ def build(spec: dict) -> None:
         os.close(fd)
     if spec.get("cwd"):
         os.chdir(spec["cwd"])
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def drop_privileges() -> None:
+    """No capability now or after exec, whatever the uid (0 under a root gateway)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    if _libc.prctl(PR_SET_SECUREBITS, _SECUREBITS, 0, 0, 0) != 0:
+        raise JailError(f"securebits: {os.strerror(ctypes.get_errno())}")
+    for cap in range(last + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise JailError(f"drop capability {cap}: {os.strerror(ctypes.get_errno())}")
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL on old kernels
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise JailError(f"no_new_privs: {os.strerror(ctypes.get_errno())}")
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise JailError(f"capset: {os.strerror(ctypes.get_errno())}")
 
 
 def _forward(target: int, group: bool) -> None:
@@ -214,7 +262,7 @@ def _forward(target: int, group: bool) -> None:
         signal.signal(sig, handler)
 
 
-def _init(spec: dict, argv: list[str], report: int) -> None:
+def _init(spec: dict, argv: list[str], env: dict[str, str] | None, report: int) -> None:
     """The pid namespace's init: build the sandbox, run the rank, reap, report."""
     try:
         build(spec)
@@ -227,7 +275,13 @@ def _init(spec: dict, argv: list[str], report: int) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.setsid()
         try:
-            os.execvp(argv[0], argv)
+            drop_privileges()
+            if env is None:  # started by hand, as a test does: the rank gets ours
+                os.execvp(argv[0], argv)
+            os.execvpe(argv[0], argv, env)
+        except JailError as exc:
+            print(f"air sandbox (unshare): {exc}", file=sys.stderr)
+            os._exit(126)
         except OSError as exc:
             print(f"air sandbox (unshare): cannot run {argv[0]}: {exc}", file=sys.stderr)
             os._exit(127)
@@ -256,18 +310,26 @@ def _user_namespace() -> None:
         f.write(f"{gid} {gid} 1")
 
 
+def _read_env(fd: int) -> dict[str, str]:
+    with os.fdopen(fd, "rb") as f:
+        env = json.loads(f.read())
+    if not isinstance(env, dict):
+        raise SystemExit("air sandbox (unshare): the environment is not a JSON object")
+    return {str(k): str(v) for k, v in env.items()}
+
+
 def main(args: list[str]) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    env = None
+    if len(args) >= 4 and args[1].isdigit() and args[2] == "--":
+        env = _read_env(int(args[1]))
+        args = [args[0], *args[2:]]
     if len(args) < 3 or args[1] != "--":
-        print("usage: python -S _jail.py SPEC_JSON -- ARGV...", file=sys.stderr)
+        print("usage: python -I -S _jail.py SPEC_JSON [ENV_FD] -- ARGV...", file=sys.stderr)
         os._exit(2)
     spec, argv = json.loads(args[0]), args[2:]
     try:
-        if os.geteuid() == 0:
-            if _libc.unshare(CLONE_NEWNS | CLONE_NEWPID) != 0:
-                raise JailError(f"unshare: {os.strerror(ctypes.get_errno())}")
-        else:
-            _user_namespace()
+        _user_namespace()
     except (JailError, OSError) as exc:
         print(f"air sandbox (unshare): {exc}", file=sys.stderr, flush=True)
         os._exit(126)
@@ -276,7 +338,7 @@ def main(args: list[str]) -> None:
     if pid == 0:
         os.close(read)
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        _init(spec, argv, write)
+        _init(spec, argv, env, write)
     os.close(write)
     _forward(pid, group=False)
     while True:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from air_sdk.runner.node import _boot, _procs
 from air_sdk.runner.node.launch import NodeLaunch, import_sensitive
+from air_sdk.runner.node.sandbox import wrap
 
 __all__ = ["WarmPool"]
 
@@ -95,6 +96,8 @@ class _Interpreter:
 class _Want:
     key: _Key
     count: int
+    #: the job's sandbox (`sandbox.wrap` puts `env` behind it), [] for none
+    wrapper: list[str]
     argv: list[str]
     cwd: str
     env: dict[str, str]
@@ -134,8 +137,8 @@ class WarmPool:
         self._want = _Want(
             key=key,
             count=launch.ranks_per_node,
+            wrapper=list(launch.wrapper),
             argv=[
-                *launch.wrapper,
                 sys.executable,
                 "-u",
                 "-c",
@@ -244,16 +247,18 @@ class WarmPool:
 
     def _spawn(self, want: _Want) -> _Interpreter:
         status_r, status_w = os.pipe()
+        env_fd = None
         try:
             argv = [a.replace("{fd}", str(status_w)) for a in want.argv]
+            argv, env, env_fd = wrap(want.wrapper, argv, want.env)
             proc = subprocess.Popen(
                 argv,
                 cwd=want.cwd,
-                env=want.env,
+                env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(status_w,),
+                pass_fds=(status_w,) if env_fd is None else (status_w, env_fd),
                 # in our session while it warms up: see the module docstring
                 start_new_session=False,
             )
@@ -262,6 +267,8 @@ class WarmPool:
             raise
         finally:
             os.close(status_w)
+            if env_fd is not None:
+                os.close(env_fd)
         os.set_blocking(status_r, False)
         return _Interpreter(proc, status_r, want.key)
 

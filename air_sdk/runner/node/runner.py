@@ -45,6 +45,7 @@ from air_sdk.runner.node._warm import WarmPool
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
 from air_sdk.runner.node.records import RankRecord, failure_marks, log_tail
 from air_sdk.runner.node.reporter import RankReporter
+from air_sdk.runner.node.sandbox import wrap
 from air_sdk.runtime._flight_recorder import trace_env
 
 __all__ = ["NodeRunner"]
@@ -309,23 +310,28 @@ class NodeRunner:
             warm = proc is not None
             error = None
             if proc is None:
+                parent = 0 if launch.wrapper else os.getpid()  # a sandbox forks
+                argv = _procs.cold_argv([], launch.command, parent, env)
+                env_fd = None
                 try:
+                    # the sandbox's wrapper starts with an empty environment; the
+                    # rank's own reaches the rank only (`sandbox.wrap`)
+                    argv, wrapper_env, env_fd = wrap(launch.wrapper, argv, env)
                     proc = subprocess.Popen(
-                        _procs.cold_argv(
-                            launch.wrapper,
-                            launch.command,
-                            0 if launch.wrapper else os.getpid(),  # a sandbox forks
-                            env,
-                        ),
+                        argv,
                         cwd=launch.cwd,
-                        env=env,
+                        env=wrapper_env,
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT,
+                        pass_fds=() if env_fd is None else (env_fd,),
                         start_new_session=True,
                     )
                 except OSError as exc:
                     error = f"air: could not start rank {rank.rank}: {exc}"
+                finally:
+                    if env_fd is not None:
+                        os.close(env_fd)
             created = _procs.create_time(proc.pid) if proc is not None else None
             r = _Rank(launch, rank, proc, warm, created, None)
             if error is not None:  # reported like any rank that failed at once

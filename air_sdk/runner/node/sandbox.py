@@ -36,11 +36,13 @@ Example:
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -55,6 +57,7 @@ __all__ = [
     "gpu_devices",
     "is_sandbox_wrapper",
     "unshare_argv",
+    "wrap",
 ]
 
 SandboxMode = Literal["auto", "bwrap", "unshare", "off"]
@@ -152,7 +155,11 @@ def bwrap_argv(spec: SandboxSpec, bwrap: str = "bwrap") -> list[str]:
     if spec.cwd:
         argv += ["--chdir", spec.cwd]
     # --new-session: the rank leads a session of its own, so the NodeRunner can signal
-    # it (and its children) without signalling bwrap, whose death would SIGKILL them
+    # it (and its children) without signalling bwrap, whose death would SIGKILL them.
+    # A user namespace and no capabilities, also under a root gateway: the rank cannot
+    # unmount the hiding, remount / read-write or gain root from a setuid file (bwrap
+    # binds are nosuid and it sets PR_SET_NO_NEW_PRIVS)
+    argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
     argv += ["--unshare-pid", "--die-with-parent", "--new-session", "--"]
     return argv
 
@@ -162,13 +169,59 @@ def unshare_argv(spec: SandboxSpec, python: str | None = None) -> list[str]:
 
     Example:
         >>> argv = unshare_argv(SandboxSpec(hide=["/h"], writable=[], tmp="/t"), python="python3")
-        >>> argv[:2], argv[2].endswith("_jail.py"), argv[-1]
-        (['python3', '-S'], True, '--')
+        >>> argv[:3], argv[3].endswith("_jail.py"), argv[-1]
+        (['python3', '-I', '-S'], True, '--')
     """
-    import json
     from dataclasses import asdict
 
-    return [python or sys.executable, "-S", _JAIL, json.dumps(asdict(spec)), "--"]
+    # -I: the jail runs outside the sandbox until unshare(2), so no PYTHONPATH, user
+    # site or script directory of anyone's choosing may shape its imports
+    return [python or sys.executable, "-I", "-S", _JAIL, json.dumps(asdict(spec)), "--"]
+
+
+def wrap(
+    wrapper: list[str], argv: list[str], env: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], int | None]:
+    """How to start `argv` with environment `env` behind `wrapper`: (command line, the
+    wrapper's own environment, a file descriptor to pass and close after the start).
+
+    The wrapper runs outside the sandbox, so it gets an empty environment: a job's
+    `LD_PRELOAD` or `PYTHONPATH` would run code in it before the hiding. `env` reaches
+    the rank through an anonymous file (not the command line, which every user of the
+    host can read): bwrap reads `--clearenv --setenv ...` from it (`--args FD`), the
+    jail a JSON object it applies only when it execs the rank. No wrapper: `argv` as is.
+
+    Example:
+        >>> wrap([], ["python", "t.py"], {"A": "1"})
+        (['python', 't.py'], {'A': '1'}, None)
+        >>> argv, env, fd = wrap(["bwrap", "--ro-bind", "/", "/", "--"], ["python"], {"A": "1"})
+        >>> argv[-4:-2] == ["--args", str(fd)], argv[-2:], env
+        (True, ['--', 'python'], {})
+        >>> os.close(fd)
+    """
+    if not wrapper:
+        return list(argv), dict(env), None
+    if wrapper[-1] != "--":
+        raise ValueError(f"a sandbox wrapper ends in '--': {wrapper[-3:]}")
+    fd = os.memfd_create("air-rank-env", 0)
+    try:
+        if is_sandbox_wrapper(wrapper) and os.path.basename(wrapper[0]) != "bwrap":
+            data = json.dumps(dict(env)).encode()
+            inserted = [str(fd)]
+        else:
+            words = ["--clearenv"]
+            for name, value in env.items():
+                words += ["--setenv", name, value]
+            data = b"".join(os.fsencode(w) + b"\0" for w in words)
+            inserted = ["--args", str(fd)]
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return [*wrapper[:-1], *inserted, "--", *argv], {}, fd
 
 
 def under_tmp(paths: list[str]) -> list[str]:
@@ -196,7 +249,7 @@ def is_sandbox_wrapper(argv: list[str]) -> bool:
     """
     if not argv:
         return False
-    return os.path.basename(argv[0]) == "bwrap" or argv[1:3] == ["-S", _JAIL]
+    return os.path.basename(argv[0]) == "bwrap" or argv[1:4] == ["-I", "-S", _JAIL]
 
 
 @dataclass(frozen=True)
@@ -291,16 +344,22 @@ def _try(build: object, program: str | None) -> str | None:
         spec = SandboxSpec(
             hide=[home], writable=[code], tmp=tmp, cwd=code, keep=under_tmp(interpreter)
         )
-        argv = build(spec, program) if program else build(spec)  # type: ignore[operator]
+        wrapper = build(spec, program) if program else build(spec)  # type: ignore[operator]
+        argv, env, fd = wrap(wrapper, [sys.executable, "-S", "-c", "pass"], {})
         try:
             out = subprocess.run(
-                [*argv, sys.executable, "-S", "-c", "pass"],
+                argv,
+                env=env,
+                pass_fds=() if fd is None else (fd,),
                 capture_output=True,
                 text=True,
                 timeout=30,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{os.path.basename(argv[0])} did not run ({exc})"
+        finally:
+            if fd is not None:
+                os.close(fd)
         if out.returncode == 0:
             return None
         detail = (out.stderr or out.stdout).strip().splitlines()

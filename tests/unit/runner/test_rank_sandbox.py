@@ -61,7 +61,9 @@ def test_bwrap_shows_a_read_only_root_and_hides_the_home_but_the_jobs_directorie
     assert _pairs(argv, "--chdir", 1) == [["/home/u/air/jobs/j/code"]]
     # its own /proc and pid namespace, no network namespace: ranks reach 127.0.0.1
     assert {"--proc", "--unshare-pid", "--die-with-parent", "--new-session"} <= set(argv)
-    assert not [a for a in argv if a.startswith("--unshare-") and a != "--unshare-pid"]
+    assert not {"--unshare-net", "--unshare-all"} & set(argv)
+    # no capability, under a root gateway too (issue 19, item 4)
+    assert _pairs(argv, "--cap-drop", 1) == [["ALL"]] and "--unshare-user" in argv
 
 
 def test_bwrap_mounts_tmp_before_the_hidden_home_so_a_home_under_tmp_stays_hidden():
@@ -71,10 +73,10 @@ def test_bwrap_mounts_tmp_before_the_hidden_home_so_a_home_under_tmp_stays_hidde
 
 def test_the_unshare_jail_gets_the_whole_spec_and_runs_without_site_packages():
     argv = unshare_argv(SPEC, python="/usr/bin/python3")
-    assert argv[:2] == ["/usr/bin/python3", "-S"]
-    assert Path(argv[2]).name == "_jail.py" and Path(argv[2]).is_file()
-    assert json.loads(argv[3]) == SPEC.__dict__
-    assert argv[4:] == ["--"]
+    assert argv[:3] == ["/usr/bin/python3", "-I", "-S"]  # isolated: no job's PYTHONPATH
+    assert Path(argv[3]).name == "_jail.py" and Path(argv[3]).is_file()
+    assert json.loads(argv[4]) == SPEC.__dict__
+    assert argv[5:] == ["--"]
 
 
 def test_a_sandbox_s_processes_are_told_from_a_rank_s():
