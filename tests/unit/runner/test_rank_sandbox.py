@@ -144,7 +144,14 @@ def test_a_sandboxed_launch_gets_the_jobs_own_directories(tmp_path, monkeypatch)
     (tmp_path / "cfg" / "air").mkdir(parents=True)
     home = tmp_path / "home"
     root = home / "jobs" / "j1"
-    backend = LocalBackend(1, 1, sandbox="off", home=home, hidden_files=[tmp_path / "key.pem"])
+    backend = LocalBackend(
+        1,
+        1,
+        sandbox="off",
+        home=home,
+        hidden_files=[tmp_path / "key.pem"],
+        allowed_data_roots=[tmp_path / "data"],  # the operator approved it
+    )
     backend.shm_root = tmp_path / "shm"
     backend.shm_root.mkdir()
     data = tmp_path / "data" / "ckpt"
@@ -171,7 +178,7 @@ def test_the_jobs_default_output_dir_in_the_home_is_bound_and_anothers_refused(t
     spec = backend.sandbox_spec("j1", root / "attempts" / "2", launch)
     assert str(own) in spec.writable and own.is_dir()
     launch.ranks[0].env["AIR_OUTPUT_DIR"] = str(home / "outputs" / "j2")
-    with pytest.raises(ConfigError, match="output dir .* not in this job's directory"):
+    with pytest.raises(ConfigError, match="output_dir .* not in this job's directory"):
         backend.sandbox_spec("j1", root / "attempts" / "2", launch)
 
 
