@@ -32,7 +32,7 @@ from air_sdk.runtime.parallel.apply import (
     apply_parallelisms,
 )
 from air_sdk.runtime.parallel.blocks import Blocks, build_stage, find_blocks, split_stages
-from air_sdk.runtime.parallel.meshes import layout_of, mesh_device, submesh
+from air_sdk.runtime.parallel.meshes import layout_object, layout_of, mesh_device, submesh
 from air_sdk.runtime.parallel.plans import Plan, builtin_plan, detect_scheme, expand_plan
 
 __all__ = ["SCHEDULES", "Pipeline", "pipeline"]
@@ -237,7 +237,7 @@ def pipeline(
             builtin_plan(model, blocks)
         else:
             expand_plan(model, tp_plan)
-    pp_rank = pp_mesh.get_local_rank()
+    pp_rank = layout_object(mesh).pp_rank  # this rank's stage: from the one Layout
     device = mesh_device(mesh)
     stages: list[PipelineStage] = []
     parts: list[nn.Module] = []
