@@ -34,6 +34,7 @@ from air_sdk.runtime.parallel.plans import (
     divide_heads,
     expand_plan,
 )
+from air_sdk.runtime.parallel.replicas import check_replicas
 
 __all__ = ["ActivationCheckpointing", "MixedPrecision", "builtin_tp_plan", "parallelize"]
 
@@ -138,6 +139,7 @@ def apply_parallelisms(
         fully_shard(
             model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward
         )
+    check_replicas(model, mesh)  # HSDP / TP copies must agree: FSDP2 does not broadcast
     return model
 
 
