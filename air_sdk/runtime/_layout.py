@@ -250,6 +250,11 @@ def layout() -> Layout:
         return built
 
 
+def chosen() -> Parallelism | None:
+    """The layout `air.mesh(layout)` made the process's, if one did."""
+    return _chosen
+
+
 def _choose(parallelism: Parallelism | None) -> None:
     """`air.mesh(layout)` was given a layout: it is the process's from now on (None:
     back to the env's; tests that re-create the process group)."""

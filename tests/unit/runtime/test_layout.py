@@ -157,3 +157,13 @@ def test_the_runtime_exports_the_layout():
 
     assert air.layout is layout and air.Layout is Layout
     assert "layout" in air.__all__ and air.__all__ == sorted(air.__all__)
+
+
+def test_a_checkpoint_records_the_process_layout_pipeline_included(fake_world):
+    pytest.importorskip("torch")
+    import air_sdk.runtime as air
+    from air_sdk.runtime.checkpoint._adapters import layout as checkpoint_layout
+
+    fake_world(8)
+    air.mesh(Parallelism(pp=2, tp=2))  # outside AIR: no AIR_PARALLELISM, no DTensor in state
+    assert checkpoint_layout({}) == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
