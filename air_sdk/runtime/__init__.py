@@ -24,7 +24,8 @@ job; `air.autolog()` does the same elsewhere (docs/integrations.md).
 
 Parallelism from the job's layout (`air_sdk.runtime.parallel`): `air.mesh()`,
 `model = air.parallelize(model)`, `pipe = air.pipeline(model, microbatches=..., loss_fn=...)`,
-`air.context_parallel(...)`, `air.dp_mean(loss)`.
+`air.context_parallel(...)`, `air.dp_mean(loss)`; `air.layout()` says this rank's
+data-parallel rank and size, pipeline stage and the rest (see `_layout.py`).
 
 Without the `AIR_*` env (a script run by hand or by bare torchrun) nothing is
 posted: `log()` only keeps the latest values. Importing this package does not
@@ -39,6 +40,7 @@ from air_sdk.runtime._context import Context, context
 
 __all__ = [
     "Context",
+    "Layout",
     "Pipeline",
     "StatefulDistributedSampler",
     "autolog",
@@ -51,6 +53,7 @@ __all__ = [
     "heartbeat",
     "init",
     "is_main",
+    "layout",
     "log",
     "mesh",
     "output_dir",
@@ -79,6 +82,12 @@ def __getattr__(name: str) -> Any:
         from air_sdk.runtime import _api
 
         value = getattr(_api, name)
+        globals()[name] = value
+        return value
+    if name in ("Layout", "layout"):  # torch-free: the layout's arithmetic
+        from air_sdk.runtime import _layout
+
+        value = getattr(_layout, name)
         globals()[name] = value
         return value
     if name == "output_dir":

@@ -6,8 +6,8 @@ length, before any context-parallel split). Between two logs the meter knows the
 steps done and the wall time, so:
 
 - `tokens_per_s` (the whole job): tokens x steps/s x data-parallel ranks, where
-  the data-parallel ranks are the world size over tp x pp x cp of `AIR_PARALLELISM`
-  (ranks of one tensor/pipeline/context group share their tokens);
+  the data-parallel ranks are `air.layout().dp_size` (the world size over tp x pp x
+  cp: ranks of one tensor/pipeline/context group share their tokens);
 - `mfu` (0..1): this rank's model FLOP/s over its GPU's peak. Model FLOPs are one
   forward x 3 (forward and backward), never recomputation. The FLOPs per step come
   from `AIR_FLOPS_PER_TOKEN` (the runner sets it from `JobSpec.model`: 6 per matmul
@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -195,15 +194,17 @@ def _float_env(env: Mapping[str, str], name: str) -> float | None:
     return value if value > 0 else None
 
 
-def _non_data_parallel(env: Mapping[str, str]) -> int:
-    raw = env.get(WorkerEnv.env_name("parallelism"))
-    if not raw:
-        return 1
+def _layout_sizes(env: Mapping[str, str] | None) -> tuple[int, int]:
+    """(world size, tp x pp x cp) from the runtime's one Layout (`air.layout()`)."""
+    from air_sdk.errors import ConfigError
+    from air_sdk.runtime._layout import Layout, layout
+
     try:
-        sizes = json.loads(raw)
-        return int(sizes.get("tp", 1)) * int(sizes.get("pp", 1)) * int(sizes.get("cp", 1))
-    except (ValueError, TypeError, AttributeError):
-        return 1
+        the_layout = layout() if env is None else Layout.from_env(env)
+    except ConfigError:  # a layout that does not fit: no divisor rather than no log
+        world = (os.environ if env is None else env).get(WorkerEnv.env_name("world_size"))
+        return int(world or 1), 1
+    return the_layout.world_size, the_layout.non_data_parallel
 
 
 def device_peak_flops(dtype: str = "bf16") -> float | None:
@@ -235,11 +236,8 @@ def meter_from_env(env: Mapping[str, str] | None = None) -> ThroughputMeter:
         >>> meter_from_env({"WORLD_SIZE": "4", "AIR_PARALLELISM": '{"tp": 2}'}).data_parallel
         2
     """
+    world, non_dp = _layout_sizes(env)
     env = os.environ if env is None else env
-    world = int(env.get(WorkerEnv.env_name("world_size")) or 1)
-    non_dp = _non_data_parallel(env)
-    if world % non_dp:
-        non_dp = 1
     peak = _float_env(env, PEAK_FLOPS_ENV)
     if peak is None:
         peak = device_peak_flops(env.get(MFU_DTYPE_ENV) or "bf16")

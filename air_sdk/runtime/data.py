@@ -3,7 +3,7 @@
 ```python
 import air_sdk.runtime as air
 
-loader = air.resumable_loader(dataset, batch_size=32, seed=0)  # shuffles, splits across ranks
+loader = air.resumable_loader(dataset, batch_size=32, seed=0)  # shuffles, splits by air.layout().dp_rank
 state = {"model": model, "optim": optim, "data": loader}
 start = air.checkpoint.load(state) or 0
 for epoch in range(loader.epoch, num_epochs):
@@ -31,22 +31,20 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from air_sdk.runtime._context import context
-
 __all__ = ["ResumableLoader", "StatefulDistributedSampler", "resumable_loader"]
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    if num_replicas is not None and rank is not None:
-        return num_replicas, rank
-    import torch.distributed as dist
+    # The data-parallel rank and size come from the job's layout (dp_replicate x
+    # dp_shard), never the global rank: tp, cp and pp ranks of one replica read the
+    # same batch. A split given by hand must agree where disagreeing trains wrong.
+    from air_sdk.runtime._layout import layout
 
-    if dist.is_available() and dist.is_initialized():
-        world, me = dist.get_world_size(), dist.get_rank()
-    else:
-        ctx = context()
-        world, me = ctx.world_size, ctx.rank
-    return (world if num_replicas is None else num_replicas), (me if rank is None else rank)
+    the_layout = layout()
+    num_replicas = the_layout.dp_size if num_replicas is None else num_replicas
+    rank = the_layout.dp_rank if rank is None else rank
+    the_layout.check_data_split(num_replicas, rank)
+    return num_replicas, rank
 
 
 class StatefulDistributedSampler:
@@ -246,7 +244,10 @@ def resumable_loader(
 ) -> ResumableLoader:
     """A DataLoader that shards `dataset` across ranks and resumes exactly from a checkpoint.
 
-    `num_replicas`/`rank` default to the process group's (or torchrun's env); other
+    `num_replicas`/`rank` default to the layout's data-parallel size and rank
+    (`air.layout().dp_size` / `.dp_rank`: dp_replicate x dp_shard, so tensor-, context-
+    and pipeline-parallel ranks of one replica read the same batches); under tp, pp or
+    cp > 1 other values are refused (ConfigError), as they would train wrong. Other
     keywords (`num_workers`, `collate_fn`, `pin_memory` ...) go to `DataLoader`.
 
     Example:

@@ -233,8 +233,9 @@ def data_position(state: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def layout(state: Mapping[str, Any] | None = None) -> dict[str, int] | None:
-    """The parallel layout this process trains under, as mesh sizes: the job's
-    `AIR_PARALLELISM` (set by AIR's runner), else the dimensions of the device meshes
+    """The parallel layout this process trains under, as mesh sizes: `air.layout()`'s
+    when the job's `AIR_PARALLELISM` (set by AIR's runner) or `air.mesh(Parallelism(...))`
+    gave one, else the dimensions of the device meshes
     of the DTensor parameters in `state` (a pipeline dimension is not seen that way),
     else None.
 
@@ -244,9 +245,16 @@ def layout(state: Mapping[str, Any] | None = None) -> dict[str, int] | None:
         {'pp': 1, 'dp_replicate': 1, 'dp_shard': 2, 'cp': 1, 'tp': 2}
         >>> del os.environ["AIR_PARALLELISM"]
     """
+    from air_sdk.errors import ConfigError
+    from air_sdk.runtime import _layout
     from air_sdk.schema.spec import PARALLELISM_ENV, Parallelism
 
     raw = os.environ.get(PARALLELISM_ENV, "").strip()
+    if raw or _layout.chosen() is not None:  # the process's Layout (pp included)
+        try:
+            return _layout.layout().sizes()
+        except ConfigError:
+            pass  # a layout for another world size than this process's: as the env says
     if raw:
         try:
             return Parallelism.model_validate(json.loads(raw)).sizes()

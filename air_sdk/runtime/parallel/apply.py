@@ -34,6 +34,7 @@ from air_sdk.runtime.parallel.plans import (
     divide_heads,
     expand_plan,
 )
+from air_sdk.runtime.parallel.replicas import check_replicas
 
 __all__ = ["ActivationCheckpointing", "MixedPrecision", "builtin_tp_plan", "parallelize"]
 
@@ -50,6 +51,7 @@ def parallelize(
     activation_checkpointing: ActivationCheckpointing = False,
     compile: bool = False,
     reshard_after_forward: bool = True,
+    blocks: str | None = None,
 ) -> nn.Module:
     """Parallelize `model` in place for the job's layout and return it.
 
@@ -59,7 +61,8 @@ def parallelize(
     checkpointing per block ("full"/True, or "selective": keep matmul and attention
     outputs, recompute the rest); `torch.compile` per block; FSDP2 `fully_shard` per
     block then the root (HSDP when dp_replicate > 1). The blocks are the model's
-    largest `nn.ModuleList`/`nn.ModuleDict` of one class.
+    outermost `nn.ModuleList`/`nn.ModuleDict`/`nn.Sequential` of one class, or the
+    container `blocks` names (a module path such as "model.layers").
 
     `mixed_precision`: "auto" (bf16 parameters with fp32 gradient reduction on GPUs,
     fp32 on CPU), "bf16", "fp32", or a `MixedPrecisionPolicy`. Every rank must build
@@ -92,6 +95,7 @@ def parallelize(
         activation_checkpointing=activation_checkpointing,
         compile=compile,
         reshard_after_forward=reshard_after_forward,
+        blocks=None if blocks is None else find_blocks(model, blocks),
     )
 
 
@@ -138,6 +142,7 @@ def apply_parallelisms(
         fully_shard(
             model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward
         )
+    check_replicas(model, mesh)  # HSDP / TP copies must agree: FSDP2 does not broadcast
     return model
 
 

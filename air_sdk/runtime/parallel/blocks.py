@@ -1,8 +1,9 @@
 """Where a model's repeated blocks are, and how a pipeline cuts the model into stages.
 
-The blocks are found generically: the largest `nn.ModuleList` / `nn.ModuleDict` whose
-children are all of one class (`layers` in torchtitan, `model.layers` in Hugging Face,
-`transformer.h` in GPT-2). FSDP shards per block, activation checkpointing and
+The blocks are found generically: the outermost `nn.ModuleList` / `nn.ModuleDict` /
+`nn.Sequential` whose children are all of one class (`layers` in torchtitan,
+`model.layers` in Hugging Face, `transformer.h` in GPT-2; never a mixture of experts'
+`experts` list inside a layer), or the container `blocks=` names. FSDP shards per block, activation checkpointing and
 torch.compile wrap per block, and a pipeline stage keeps a run of them.
 
 A stage is a copy of the model without the other stages' blocks (kept under their
@@ -60,12 +61,19 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def find_blocks(model: nn.Module) -> Blocks:
-    """The model's repeated blocks: the largest `nn.ModuleList`/`nn.ModuleDict` (or a
-    pipeline stage's `StageLayers`) whose children all share one class; on a tie, the
-    one holding more parameters.
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
-    Raises ConfigError naming the model's class when there is none.
+
+def find_blocks(model: nn.Module, path: str | None = None) -> Blocks:
+    """The model's repeated blocks: the outermost `nn.ModuleList`/`nn.ModuleDict`/
+    `nn.Sequential` (or a pipeline stage's `StageLayers`) whose children all share one
+    class and hold parameters, and which no other such container holds (a mixture of
+    experts' `layers.N.experts` is inside `layers`: the blocks are the layers); of
+    several side by side, the one with the most children, then the most parameters.
+    `path` (a module path such as "model.layers") names the container instead.
+
+    Raises ConfigError naming the model's class when there is none, or what `path`
+    holds when it is not a container of one class.
 
     Example:
         >>> from air_sdk.examples.llama import LlamaConfig, build_llama
@@ -73,25 +81,58 @@ def find_blocks(model: nn.Module) -> Blocks:
         >>> blocks.path, blocks.names, blocks.block_class.__name__
         ('model.layers', ('0', '1'), 'HFDecoderLayer')
     """
-    best: tuple[int, int, str, nn.Module] | None = None
-    for path, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList | nn.ModuleDict | StageLayers):
+    if path is not None:
+        return _blocks_at(model, path)
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, (*_CONTAINERS, StageLayers)) or _one_class(module) is None:
             continue
-        children = list(module.children())
-        if not children or len({_block_type(c) for c in children}) != 1:
-            continue
-        size = sum(p.numel() for p in module.parameters())
-        if best is None or (len(children), size) > (best[0], best[1]):
-            best = (len(children), size, path, module)
-    if best is None:
+        if any(name.startswith(f"{outer}.") or outer == "" for outer, _ in found):
+            continue  # inside blocks already found (named_modules lists outer ones first)
+        if next(module.parameters(), None) is not None:
+            found.append((name, module))
+    if not found:
         raise ConfigError(
             f"{type(model).__name__} has no nn.ModuleList or nn.ModuleDict of repeated"
             " blocks (one class, e.g. its transformer layers): FSDP, activation"
             " checkpointing and pipeline stages work per block; keep the blocks in one"
         )
-    _, _, path, container = best
+    path, container = max(
+        found,
+        key=lambda item: (len(item[1]._modules), sum(p.numel() for p in item[1].parameters())),
+    )
+    return _blocks_of(path, container)
+
+
+def _one_class(container: nn.Module) -> type[nn.Module] | None:
+    classes = {_block_type(c) for c in container.children()}
+    return classes.pop() if len(classes) == 1 else None
+
+
+def _blocks_of(path: str, container: nn.Module) -> Blocks:
     names = tuple(name for name, _ in container.named_children())
-    return Blocks(path=path, names=names, block_class=_block_type(next(container.children())))
+    block_class = _one_class(container)
+    assert block_class is not None
+    return Blocks(path=path, names=names, block_class=block_class)
+
+
+def _blocks_at(model: nn.Module, path: str) -> Blocks:
+    try:
+        container = model.get_submodule(path)
+    except AttributeError:
+        raise ConfigError(
+            f"blocks={path!r}: {type(model).__name__} has no module there; give the module"
+            " path of the container of its repeated blocks, e.g. 'model.layers' (see"
+            " model.named_modules())"
+        ) from None
+    if not isinstance(container, (*_CONTAINERS, StageLayers)) or _one_class(container) is None:
+        classes = sorted({_block_type(c).__name__ for c in container.children()})
+        raise ConfigError(
+            f"blocks={path!r} is a {type(container).__name__} holding"
+            f" {', '.join(classes) or 'nothing'}: give an nn.ModuleList, nn.ModuleDict or"
+            " nn.Sequential whose children are all one class (the transformer layers)"
+        )
+    return _blocks_of(path, container)
 
 
 def _block_type(module: nn.Module) -> type[nn.Module]:
@@ -155,10 +196,12 @@ class StageSplit:
         return len(self.blocks)
 
 
-def split_stages(model: nn.Module, num_stages: int) -> StageSplit:
+def split_stages(model: nn.Module, num_stages: int, blocks: str | None = None) -> StageSplit:
     """Cut the model into `num_stages` contiguous stages, balanced as torchtitan does:
     the embeddings count as one block on the first stage and the final norm + head as
     one block on the last, and stage sizes differ by at most one.
+
+    `blocks`: the container's module path when `find_blocks` should not choose it.
 
     Raises ConfigError when there are more stages than blocks + 2, or when parameters
     sit on a module that also holds the blocks (no stage could own them alone).
@@ -170,14 +213,14 @@ def split_stages(model: nn.Module, num_stages: int) -> StageSplit:
     """
     if num_stages < 1:
         raise ConfigError(f"num_stages={num_stages}: give at least 1")
-    blocks = find_blocks(model)
-    first, last = _outer_modules(model, blocks.path)
+    found = find_blocks(model, blocks)
+    first, last = _outer_modules(model, found.path)
     _refuse_tied(model, first, last)
-    units = len(blocks.names) + 2
+    units = len(found.names) + 2
     if num_stages > units:
         raise ConfigError(
             f"{num_stages} pipeline stages but {type(model).__name__} has"
-            f" {len(blocks.names)} blocks (+ embeddings and head = {units} pieces):"
+            f" {len(found.names)} blocks (+ embeddings and head = {units} pieces):"
             " lower pp (or use a schedule with one stage per rank)"
         )
     base, extra = divmod(units, num_stages)
@@ -188,10 +231,10 @@ def split_stages(model: nn.Module, num_stages: int) -> StageSplit:
         # The first stage's embeddings and the last stage's head take one unit each.
         count = size - (1 if i == 0 else 0) - (1 if i == num_stages - 1 else 0)
         count = max(count, 0)
-        stages.append(blocks.names[start : start + count])
+        stages.append(found.names[start : start + count])
         start += count
     return StageSplit(
-        blocks_path=blocks.path, blocks=tuple(stages), first_modules=first, last_modules=last
+        blocks_path=found.path, blocks=tuple(stages), first_modules=first, last_modules=last
     )
 
 

@@ -1,8 +1,9 @@
 """The device mesh of the job's layout, built once per process.
 
-The layout comes from `AIR_PARALLELISM` (the runner resolves `JobSpec.parallelism` and
-passes it to every rank), from an argument outside AIR, or is plain data parallelism
-over `WORLD_SIZE`. The mesh has the dims `pp, dp_replicate, dp_shard, cp, tp`
+The layout is the process's `air.layout()` (`air_sdk.runtime._layout`): from
+`AIR_PARALLELISM` (the runner resolves `JobSpec.parallelism` and passes it to every
+rank), from an argument outside AIR (`mesh(Parallelism(...))`, which then becomes the
+process's layout), or plain data parallelism over `WORLD_SIZE`. The mesh has the dims `pp, dp_replicate, dp_shard, cp, tp`
 (outermost first, so a tensor-parallel group is consecutive ranks, inside one node) and
 the flattened data-parallel meshes torchtitan uses: `dp` (dp_replicate x dp_shard: how
 the batch is split), `dp_shard_cp` (dp_shard x cp: what FSDP shards over) and `dp_cp`
@@ -11,22 +12,23 @@ the batch is split), `dp_shard_cp` (dp_shard x cp: what FSDP shards over) and `d
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import ValidationError
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from air_sdk.errors import ConfigError
-from air_sdk.schema import MESH_DIMS, PARALLELISM_ENV, Parallelism
+from air_sdk.runtime._layout import LOSS_MESH, Layout, _choose, resolve_parallelism
+from air_sdk.runtime._layout import layout as process_layout
+from air_sdk.schema import MESH_DIMS, Parallelism
 
 __all__ = [
     "FLATTENED_DIMS",
     "dp_mean",
+    "layout_object",
     "layout_of",
     "mesh",
     "mesh_device",
@@ -46,6 +48,7 @@ FLATTENED_DIMS: dict[str, tuple[str, ...]] = {
 class _Record:
     root: DeviceMesh
     layout: Parallelism
+    runtime_layout: Layout
     flattened: dict[str, DeviceMesh] = field(default_factory=dict)
 
 
@@ -57,31 +60,14 @@ _current: _Record | None = None
 
 def read_layout(world_size: int, layout: Parallelism | None = None) -> Parallelism:
     """The resolved layout for `world_size` ranks: `layout` if given, else the job's
-    `AIR_PARALLELISM`, else plain data parallelism (every rank an FSDP rank).
-
-    Raises ConfigError, saying what to change, when the sizes do not multiply to the
-    world size or the env holds something else than a layout.
+    `AIR_PARALLELISM`, else plain data parallelism (every rank an FSDP rank); see
+    `air_sdk.runtime._layout.resolve_parallelism`.
 
     Example:
         >>> read_layout(8, Parallelism(tp=2)).sizes()
         {'pp': 1, 'dp_replicate': 1, 'dp_shard': 4, 'cp': 1, 'tp': 2}
     """
-    if layout is None:
-        raw = os.environ.get(PARALLELISM_ENV)
-        if raw:
-            try:
-                layout = Parallelism.model_validate_json(raw)
-            except ValidationError as exc:
-                raise ConfigError(
-                    f"{PARALLELISM_ENV}={raw!r} is not a layout ({exc.errors()[0]['msg']}):"
-                    f" unset it, or give JSON such as '{{\"tp\": 2}}'"
-                ) from exc
-        else:
-            layout = Parallelism()
-    try:
-        return layout.resolve(world_size)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    return resolve_parallelism(world_size, layout)
 
 
 def mesh(layout: Parallelism | None = None) -> DeviceMesh:
@@ -107,23 +93,27 @@ def mesh(layout: Parallelism | None = None) -> DeviceMesh:
     with _lock:
         if layout is None and _current is not None:
             return _current.root
-        resolved = read_layout(dist.get_world_size(), layout)
+        if layout is not None:  # the process's layout from now on (air.layout() says it)
+            _choose(read_layout(dist.get_world_size(), layout))
+        the_layout = process_layout()
+        resolved = the_layout.parallelism
         record = _by_layout.get(resolved)
         if record is None:
-            record = _build(resolved)
+            record = _build(the_layout)
             _by_layout[resolved] = record
             _by_mesh[id(record.root)] = record
         _current = record
         return record.root
 
 
-def _build(layout: Parallelism) -> _Record:
+def _build(the_layout: Layout) -> _Record:
+    layout = the_layout.parallelism
     sizes = layout.sizes()
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     root = init_device_mesh(
         device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS
     )
-    record = _Record(root=root, layout=layout)
+    record = _Record(root=root, layout=layout, runtime_layout=the_layout)
     # Flattened once here and kept: slicing a flattened name from the root is deprecated.
     for name, dims in FLATTENED_DIMS.items():
         record.flattened[name] = root[dims]._flatten(name)
@@ -171,6 +161,18 @@ def layout_of(mesh_: DeviceMesh | None = None) -> Parallelism:
     return _record_of(mesh_).layout
 
 
+def layout_object(mesh_: DeviceMesh | None = None) -> Layout:
+    """The runtime `Layout` (this rank's coordinates too) a mesh from `mesh()` was made
+    for: where a pipeline reads its stage.
+
+    Example:
+        >>> import air_sdk.runtime as air
+        >>> air.parallel.meshes.layout_object().pp_rank  # doctest: +SKIP
+        0
+    """
+    return _record_of(mesh_).runtime_layout
+
+
 def mesh_device(mesh_: DeviceMesh) -> torch.device:
     """This rank's device on the mesh: `cuda:LOCAL_RANK` on NCCL meshes, else cpu."""
     if mesh_.device_type == "cuda":
@@ -187,7 +189,7 @@ def dp_mean(value: Any, mesh_: DeviceMesh | None = None) -> float:
         >>> import air_sdk.runtime as air
         >>> air.log(step=step, loss=air.dp_mean(loss))  # doctest: +SKIP
     """
-    group_mesh = submesh("dp_cp", mesh_)
+    group_mesh = submesh(LOSS_MESH, mesh_)
     tensor = torch.as_tensor(
         value.detach() if isinstance(value, torch.Tensor) else value, dtype=torch.float32
     )
@@ -205,3 +207,4 @@ def _forget_meshes() -> None:
         _by_layout.clear()
         _by_mesh.clear()
         _current = None
+    _choose(None)

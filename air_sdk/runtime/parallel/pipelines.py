@@ -32,7 +32,7 @@ from air_sdk.runtime.parallel.apply import (
     apply_parallelisms,
 )
 from air_sdk.runtime.parallel.blocks import Blocks, build_stage, find_blocks, split_stages
-from air_sdk.runtime.parallel.meshes import layout_of, mesh_device, submesh
+from air_sdk.runtime.parallel.meshes import layout_object, layout_of, mesh_device, submesh
 from air_sdk.runtime.parallel.plans import Plan, builtin_plan, detect_scheme, expand_plan
 
 __all__ = ["SCHEDULES", "Pipeline", "pipeline"]
@@ -194,11 +194,13 @@ def pipeline(
     activation_checkpointing: ActivationCheckpointing = False,
     compile: bool = False,
     reshard_after_forward: bool = False,
+    blocks: str | None = None,
 ) -> Pipeline:
     """Split `model` into the job's `pp` stages and return this rank's `Pipeline`.
 
-    The blocks (the largest `nn.ModuleList`/`nn.ModuleDict` of one class) are cut into
-    balanced runs; the modules with parameters registered before them (embeddings)
+    The blocks (the outermost `nn.ModuleList`/`nn.ModuleDict`/`nn.Sequential` of one
+    class, or the container `blocks` names, e.g. "model.layers") are cut into balanced
+    runs; the modules with parameters registered before them (embeddings)
     go to the first stage, those after (final norm, head) to the last; elsewhere they
     are `nn.Identity`, so the model's forward must be a chain (inputs -> modules
     before -> blocks in order -> modules after), as Llama-style models are. Each stage
@@ -229,15 +231,15 @@ def pipeline(
     layout = layout_of(mesh)
     pp_mesh = submesh("pp", mesh)
     num_stages = layout.pp * per_rank
-    split = split_stages(model, num_stages)
-    blocks = find_blocks(model)
-    scheme = detect_scheme(model, blocks)
+    split = split_stages(model, num_stages, blocks)
+    found = find_blocks(model, blocks)
+    scheme = detect_scheme(model, found)
     if layout.tp > 1:  # check the whole model's plan once; each stage holds only part of it
         if tp_plan is None:
-            builtin_plan(model, blocks)
+            builtin_plan(model, found)
         else:
             expand_plan(model, tp_plan)
-    pp_rank = pp_mesh.get_local_rank()
+    pp_rank = layout_object(mesh).pp_rank  # this rank's stage: from the one Layout
     device = mesh_device(mesh)
     stages: list[PipelineStage] = []
     parts: list[nn.Module] = []
@@ -252,7 +254,7 @@ def pipeline(
             compile=compile,
             reshard_after_forward=reshard_after_forward,
             stage=True,
-            blocks=Blocks(blocks.path, split.blocks[stage_index], blocks.block_class),
+            blocks=Blocks(found.path, split.blocks[stage_index], found.block_class),
             scheme=scheme,
         )
         parts.append(part)
