@@ -23,6 +23,7 @@ It never imports torch.
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import signal
 import subprocess
@@ -172,9 +173,12 @@ def pump_output(
     tail_lock: threading.Lock,
     shipper: LineSink,
     out: IO[bytes] | None = None,
+    idle: threading.Event | None = None,
 ) -> None:
     """Copy a rank's output line by line: prefixed `[rank N] ` to `out` (default: this
-    process's stdout), into `tail` and to the gateway. Returns at EOF.
+    process's stdout), into `tail` and to the gateway. Returns at EOF. `idle`, when
+    given, is set while every line read so far was handled and the pump waits on the
+    pipe (what a rank's exit waits for, so its last lines are never cut off).
 
     Example:
         >>> pump_output(io.BytesIO(b"hi\\n"), 0, deque(), threading.Lock(), shipper)  # doctest: +SKIP
@@ -182,6 +186,11 @@ def pump_output(
     prefix = f"[rank {rank}] "
     if out is None:
         out = getattr(sys.stdout, "buffer", None)
+    if idle is not None and isinstance(stream, io.BufferedReader):
+        # lines already read from the pipe but not yet handled are in the buffer:
+        # `idle` is set only while the pump waits on the pipe with none left
+        # (the same pipe: the reader it came in stays unread, so its fileno still tells)
+        stream = io.BufferedReader(_IdleWhileReading(stream.raw, idle))
     cut = False  # inside an over-long line whose kept part was already handled
     while raw := stream.readline(_READ_LIMIT):
         complete = raw.endswith(b"\n")
@@ -200,6 +209,39 @@ def pump_output(
                 out.flush()
             except (OSError, ValueError):  # our stdout went away; keep shipping
                 out = None
+
+
+class _IdleWhileReading(io.RawIOBase):
+    """A pipe that says when its reader is blocked on it (between two reads the
+    buffered reader above it is handling what it got)."""
+
+    def __init__(self, raw: Any, idle: threading.Event) -> None:
+        self._raw, self._idle = raw, idle
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return int(self._raw.fileno())
+
+    def readinto(self, buffer: Any) -> int | None:
+        if _pending(self.fileno()) == 0:  # this read will wait: all before it was handled
+            self._idle.set()
+        try:
+            return int(self._raw.readinto(buffer))
+        finally:
+            self._idle.clear()
+
+
+def _pending(fd: int) -> int:
+    """Bytes waiting in a pipe (-1 when it cannot tell)."""
+    import fcntl
+    import termios
+
+    try:
+        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), "little")
+    except (OSError, ValueError):
+        return -1
 
 
 def oom_kill_count() -> int | None:

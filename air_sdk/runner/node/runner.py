@@ -77,6 +77,8 @@ class _Rank:
     returncode: int | None = None
     ended_at: float | None = None
     pump: threading.Thread | None = None
+    #: set while the pump waits on the pipe with every line read so far handled
+    pump_idle: threading.Event = field(default_factory=threading.Event)
     recorded: threading.Event = field(default_factory=threading.Event)
     reporter: RankReporter | None = None
 
@@ -365,7 +367,9 @@ class NodeRunner:
         assert r.reporter is not None
         threading.Thread(target=r.reporter.start, name=f"air-report-{r.rank}", daemon=True).start()
         if r.proc is not None and r.proc.stdout is not None:
-            pump_output(r.proc.stdout, r.rank, r.tail, r.tail_lock, r.reporter, self._log)
+            pump_output(
+                r.proc.stdout, r.rank, r.tail, r.tail_lock, r.reporter, self._log, r.pump_idle
+            )
 
     # -- the node thread: forks, reaps, keeps warm interpreters --------------------------------
 
@@ -539,7 +543,9 @@ class NodeRunner:
             except (OSError, ValueError):
                 pending = 1  # cannot tell: wait for the EOF
             pump.join(0.05)  # the pump turns what it read into lines meanwhile
-            if pending == 0:
+            # nothing left in the pipe, and the pump handled every line it read from it
+            # (under load it can still hold several in its buffer: those were lost)
+            if pending == 0 and r.pump_idle.is_set():
                 return
 
     def _verdict(self) -> tuple[int, str] | None:
