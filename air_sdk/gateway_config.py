@@ -281,6 +281,18 @@ class GatewayOptions(BaseSettings):
         description="Serve more than one tenant on the local backend although its ranks run"
         " unsandboxed (any job can then read every tenant's secrets).",
     )
+    header_timeout_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
+        10.0,
+        gt=0,
+        description="Close a connection whose request headers are not complete this many"
+        " seconds after it opened or after its previous answer (slowloris).",
+    )
+    max_connections_per_address: Annotated[int, Flag(metavar="N")] = Field(
+        256,
+        ge=1,
+        description="Connections one client address may hold; past it the address's oldest"
+        " connection still waiting for its headers is closed, or the new one is refused.",
+    )
 
     @property
     def url(self) -> str:
