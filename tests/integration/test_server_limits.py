@@ -19,7 +19,9 @@ import pytest
 import requests
 from airtest import stop_gateway_and_its_jobs, wait_for
 
+from air_sdk.client import Client
 from air_sdk.gateway.server import GatewayOptions, GatewayProcess, start_detached
+from air_sdk.gateway_config import RequestLimits
 from air_sdk.notebook.chart import PNG_MAGIC, render_chart_png
 from air_sdk.runner.backends.local import free_port
 from air_sdk.schema import JobState
@@ -78,6 +80,7 @@ NUM_HALF_OPEN = 1100  # as the attack: past a default 1,024-file limit
 #: a typical host's default soft open-files limit, which the flood used to exhaust
 TYPICAL_SOFT_NOFILE = 1024
 PER_ADDRESS = 64
+STREAMS_PER_TENANT = 3
 
 
 @contextlib.contextmanager
@@ -102,7 +105,14 @@ def limited_gateway(home: Path, **options: object) -> GatewayProcess:
 @pytest.fixture(scope="module")
 def capped_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     home = tmp_path_factory.mktemp("air-capped")
-    gw = limited_gateway(home, max_connections_per_address=PER_ADDRESS, header_timeout_s=600)
+    gw = limited_gateway(
+        home,
+        max_connections_per_address=PER_ADDRESS,
+        header_timeout_s=600,
+        limits=RequestLimits(
+            user_rate=None, max_streams_per_tenant=STREAMS_PER_TENANT, max_streams_per_token=2
+        ),
+    )
     yield gw
     stop_gateway_and_its_jobs(gw.url, gw.token, home)
 
@@ -158,8 +168,6 @@ def test_health_list_and_submit_answer_during_1100_half_open_connections(capped_
             timeout_s=120,
             what="the gateway to close the half-open connections past the per-address cap",
         )
-        from air_sdk.client import Client
-
         job = Client(url, capped_gateway.token).submit_script(
             workdir("print('still here')\n") / "train.py", nodes=1
         )
@@ -177,3 +185,59 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(tmp_path):
         assert requests.get(f"{gw.url}/v1/health", timeout=60).status_code == 200
     finally:
         stop_gateway_and_its_jobs(gw.url, gw.token, tmp_path / "home")
+
+
+# -- event streams ------------------------------------------------------------------------
+
+SLEEPER = "import time\ntime.sleep(600)\n"
+
+
+@contextlib.contextmanager
+def event_stream(url: str, token: str, job_id: str) -> Iterator[requests.Response]:
+    r = requests.get(
+        f"{url}/v1/jobs/{job_id}/events/stream",
+        headers={"Authorization": f"Bearer {token}"},
+        stream=True,
+        timeout=60,
+    )
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def test_a_tenant_past_its_stream_cap_gets_429_and_others_still_get_answers(
+    capped_gateway, workdir
+):
+    url = capped_gateway.url
+    admin = Client(url, capped_gateway.token)
+    for tenant in ("acme", "globex"):
+        admin.admin.create_tenant(tenant)
+    first, second = (admin.admin.create_token(tenant="acme").token for _ in range(2))
+    other = admin.admin.create_token(tenant="globex").token
+    job = Client(url, first).submit_script(workdir(SLEEPER) / "train.py", nodes=1)
+    with contextlib.ExitStack() as open_streams:
+        for token in (first, first, second):  # the tenant's cap: 3
+            r = open_streams.enter_context(event_stream(url, token, job.id))
+            assert r.status_code == 200, r.text
+        with event_stream(url, second, job.id) as refused:
+            assert refused.status_code == 429
+            detail = refused.json()["detail"]
+            assert "3 event streams open" in detail and "close streams" in detail
+        with event_stream(url, first, job.id) as refused:  # its own cap: 2
+            assert refused.status_code == 429 and "this token" in refused.json()["detail"]
+        # Another tenant is served, with streams of its own.
+        listing = requests.get(
+            f"{url}/v1/jobs", headers={"Authorization": f"Bearer {other}"}, timeout=60
+        )
+        assert listing.status_code == 200 and listing.json()["jobs"] == []
+        assert requests.get(f"{url}/v1/health", timeout=60).status_code == 200
+
+    # Closed streams give their slots back.
+    def reopened() -> bool:
+        with event_stream(url, second, job.id) as r:
+            return r.status_code == 200
+
+    wait_for(reopened, timeout_s=60, what="closed streams to give their slots back")
+    job.cancel()
+    assert job.wait(timeout=120).state is JobState.CANCELLED
