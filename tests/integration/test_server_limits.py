@@ -143,8 +143,9 @@ def closed_by_server(socks: list[socket.socket]) -> int:
         if s.fileno() < 0:
             closed += 1
             continue
-        readable, _, _ = select.select([s], [], [], 0)
-        if readable:
+        poller = select.poll()  # select() takes no descriptor past 1023
+        poller.register(s, select.POLLIN)
+        if poller.poll(0):
             try:
                 data = s.recv(1)
             except OSError:
