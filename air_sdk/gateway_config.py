@@ -113,11 +113,19 @@ class RequestLimits:
     #: per client address (an IPv6 one by its /64), for requests without a token (health
     #: checks) and for failed authentications (any number of guessed tokens: 401s)
     anonymous_rate: RateLimit | None = RateLimit(per_s=50, burst=100)
+    #: event streams (`/events/stream`) one tenant may hold open at once; one more is
+    #: refused with 429 (`air_sdk.gateway.streams`). None: no cap
+    max_streams_per_tenant: int | None = 64
+    #: ... and one token (a CLI follow or a notebook monitor holds one each)
+    max_streams_per_token: int | None = 32
 
     def __post_init__(self) -> None:
         caps = (self.max_body_bytes, self.max_submit_bytes, self.max_report_bytes)
         if min(*caps, self.max_bundle_bytes) < 1024:
             raise ValueError("body caps must be at least 1024 bytes")
+        for cap in (self.max_streams_per_tenant, self.max_streams_per_token):
+            if cap is not None and cap < 1:
+                raise ValueError("stream caps must be at least 1 (None: no cap)")
 
     def body_cap(self, method: str, path: str) -> tuple[int, str]:
         """(the byte cap for a request, what to do when over it)."""
@@ -288,6 +296,18 @@ class GatewayOptions(BaseSettings):
         False,
         description="Serve more than one tenant on the local backend although its ranks run"
         " unsandboxed (any job can then read every tenant's secrets).",
+    )
+    header_timeout_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
+        10.0,
+        gt=0,
+        description="Close a connection whose request headers are not complete this many"
+        " seconds after it opened or after its previous answer (slowloris).",
+    )
+    max_connections_per_address: Annotated[int, Flag(metavar="N")] = Field(
+        256,
+        ge=1,
+        description="Connections one client address may hold; past it the address's oldest"
+        " connection still waiting for its headers is closed, or the new one is refused.",
     )
 
     @property

@@ -325,6 +325,7 @@ def metrics(
     """Logged metrics (`air.log`): one row per step and rank."""
     from air_sdk.cli.terminal_views import metrics_table
     from air_sdk.client import Job
+    from air_sdk.schema.numbers import json_data
 
     job = Job(make_client(gateway), job_id)
     rows = job.metrics(name=name, rank=rank)
@@ -333,7 +334,7 @@ def metrics(
     if not show_all:
         rows = rows[-DEFAULT_METRIC_ROWS:]
     if as_json:
-        echo_json([r.model_dump(mode="json") for r in rows])
+        echo_json([json_data(r) for r in rows])  # NaN and infinities as strings
     elif not rows:
         console.print("no metrics yet")
     else:

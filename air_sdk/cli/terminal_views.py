@@ -8,6 +8,7 @@ Examples marked `+SKIP` follow a job on a running gateway.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -29,6 +30,7 @@ from rich.text import Text
 
 from air_sdk.schema.api import JobRecord, MetricRow
 from air_sdk.schema.events import EventType, LogBatch
+from air_sdk.schema.numbers import format_value
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
 from air_sdk.schema.state import JobState
 from air_sdk.text import plural
@@ -126,7 +128,7 @@ def _fmt(value: float) -> str:
     # Throughputs read better as 74740 than 7.474e+04; losses keep 4 significant digits.
     if 1e3 <= abs(value) < 1e9:
         return f"{value:.0f}"
-    return f"{value:.4g}"
+    return format_value(value)  # a diverging loss shows as "nan" or "inf"
 
 
 def _ordered_metrics(latest: dict[str, float]) -> list[tuple[str, float]]:
@@ -253,11 +255,13 @@ def progress_metrics(snapshot: JobSnapshot) -> str:
     if snapshot.tokens_per_s is not None:
         pieces.append(f"{_si(snapshot.tokens_per_s)} tokens/s")
     if snapshot.mfu is not None:
-        pieces.append(f"MFU {snapshot.mfu:.1%}")
+        pieces.append(f"MFU {format_value(snapshot.mfu, '.1%')}")
     return "  ".join(pieces)
 
 
 def _si(value: float) -> str:
+    if not math.isfinite(value):
+        return format_value(value)
     for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.3g}{suffix}"
@@ -369,7 +373,7 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
     if snapshot.tokens_per_s is not None:
         rows.append(("tokens/second", _si(snapshot.tokens_per_s)))
     if snapshot.mfu is not None:
-        rows.append(("MFU", f"{snapshot.mfu:.1%}"))
+        rows.append(("MFU", format_value(snapshot.mfu, ".1%")))
     if snapshot.step is not None and record.started_at is not None and record.ended_at is not None:
         rows.append(("wall time", f"{record.ended_at - record.started_at:.1f} s"))
     width = max(len(label) for label, _ in rows) + 2

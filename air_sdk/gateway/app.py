@@ -149,6 +149,7 @@ def create_app(
         >>> app = create_app(GatewayContext(store, runner, home))  # doctest: +SKIP
     """
     from air_sdk.gateway import admin, maintenance, outputs, routes
+    from air_sdk.gateway.streams import OpenStreams
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -182,6 +183,7 @@ def create_app(
     app.include_router(maintenance.router)
     app.include_router(outputs.router)
     install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
+    app.state.streams = OpenStreams.from_limits((security or SecurityOptions()).limits)
 
     @app.get("/v1/openapi.json", include_in_schema=False)
     def openapi(_: PrincipalDep) -> JSONResponse:

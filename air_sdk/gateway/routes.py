@@ -32,6 +32,7 @@ from air_sdk.gateway.app import (
     get_ctx,
 )
 from air_sdk.gateway.bodies import describe_validation_error, json_body, parse_model
+from air_sdk.gateway.streams import StreamSlot, job_event_stream
 from air_sdk.planner.refusal import submit_refusal
 from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner import job_paths
@@ -327,27 +328,16 @@ async def events_stream(
     job_id: str,
     request: Request,
     _: Annotated[JobRecord, Depends(_owned_job)],
+    __: StreamSlot,  # 429 past the tenant's or token's cap (air_sdk.gateway.streams)
     after: Annotated[int, Query(ge=0)] = 0,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """Every event after `after` (or the Last-Event-ID a reconnecting client sends),
     then new ones as they happen; the stream ends once the job has ended."""
-    ctx = get_ctx(request)
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
-    while True:
-        if ctx.store.last_seq(job_id) > after:
-            events = await run_in_threadpool(ctx.store.read_events, job_id, after=after, limit=1000)
-            for e in events:
-                yield ServerSentEvent(raw_data=e.model_dump_json(), id=str(e.seq), event="event")
-                after = e.seq
-            continue
-        job = await run_in_threadpool(ctx.store.get_job, job_id)
-        if job is None or (job.state.terminal and ctx.store.last_seq(job_id) <= after):
-            return
-        if await request.is_disconnected():
-            return
-        await asyncio.sleep(SSE_POLL_S)
+    async for message in job_event_stream(request, job_id, after):
+        yield message
 
 
 @router.get("/jobs/{job_id}/logs", response_model=LogPage)

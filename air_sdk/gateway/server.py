@@ -29,6 +29,7 @@ from air_sdk.client.local_gateway import GatewayProcess, running_gateway, stop_d
 from air_sdk.client.ports import bind_or_explain, choose_port
 from air_sdk.config import write_client_config
 from air_sdk.errors import AirError, ConfigError
+from air_sdk.gateway.connections import ConnectionGuard, guarded_protocol, raise_fd_limit
 from air_sdk.gateway.options import SecurityOptions, check_bind, is_loopback
 from air_sdk.gateway_config import OPTIONS_ENV, STATE_FILE, TOKEN_FILE, GatewayOptions
 from air_sdk.procs import create_time
@@ -257,6 +258,7 @@ def serve(opts: GatewayOptions) -> None:
     """
     import uvicorn
 
+    raise_fd_limit()  # the default soft limit (1,024) is what a connection flood exhausts
     choice = choose_port(opts)
     opts = choice.opts
     sock = bind_or_explain(opts)
@@ -296,7 +298,7 @@ def serve(opts: GatewayOptions) -> None:
 
 
 def uvicorn_options(opts: GatewayOptions) -> dict[str, Any]:
-    """What `serve` hands to uvicorn.Config.
+    """What `serve` hands to uvicorn.Config (each call: a fresh connection guard).
 
     uvicorn believes X-Forwarded-For from 127.0.0.1 by default (`proxy_headers=True`,
     `forwarded_allow_ips="127.0.0.1"`, or $FORWARDED_ALLOW_IPS): any local process
@@ -307,6 +309,8 @@ def uvicorn_options(opts: GatewayOptions) -> dict[str, Any]:
         >>> uvicorn_options(GatewayOptions(home=Path("/tmp/h")))["proxy_headers"]
         False
     """
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
     return {
         "host": opts.host,
         "port": opts.port,
@@ -318,6 +322,12 @@ def uvicorn_options(opts: GatewayOptions) -> dict[str, Any]:
         "forwarded_allow_ips": list(opts.trusted_proxies) or ["127.0.0.1"],
         "ssl_certfile": str(opts.tls_cert) if opts.tls_cert else None,
         "ssl_keyfile": str(opts.tls_key) if opts.tls_key else None,
+        # Slowloris: a header-read timeout and a per-address cap (gateway/connections.py).
+        "http": guarded_protocol(
+            AutoHTTPProtocol,
+            ConnectionGuard(opts.max_connections_per_address),
+            opts.header_timeout_s,
+        ),
     }
 
 

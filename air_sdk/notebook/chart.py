@@ -33,6 +33,7 @@ _DPI = 100
 _LINE = "#2563eb"
 _RESTART = "#d97706"
 _CHECKPOINT = "#15803d"
+_NON_FINITE = "#dc2626"
 _MARGIN_LEFT_PX, _MARGIN_RIGHT_PX, _MARGIN_BOTTOM_PX, _MARGIN_TOP_PX = 62, 12, 38, 10
 
 
@@ -43,7 +44,9 @@ def render_chart_png(
 
     Restarts (`snapshot.restarts_at_step`) are vertical dashed lines; committed
     checkpoints (`snapshot.checkpoints`) are small triangles
-    on the step axis. A loss spanning more than two decades gets a log scale.
+    on the step axis. NaN and infinite values are gaps in the line with a red cross
+    at the top of their step. A loss spanning more than two decades gets a log scale.
+    The metric's name is drawn literally (a "$" in it is a dollar sign, not mathtext).
 
     Example:
         >>> render_chart_png(JobSnapshot(job_id="j"), "loss") is None
@@ -55,8 +58,10 @@ def render_chart_png(
     if width_px < 50 or height_px < 50:
         raise ValueError(f"a chart of {width_px}x{height_px} px is too small; use at least 50x50")
     steps = [step for step, _ in points]
-    # Infinities would wreck the autoscaling: draw them as gaps, like NaN.
+    # Infinities would wreck the autoscaling: draw them as gaps, like NaN, and mark
+    # their steps (a diverging loss is what a person must not miss).
     values = [value if math.isfinite(value) else math.nan for _, value in points]
+    non_finite_steps = [step for step, value in points if not math.isfinite(value)]
 
     figure = Figure(figsize=(width_px / _DPI, height_px / _DPI), dpi=_DPI)
     canvas = FigureCanvasAgg(figure)
@@ -64,6 +69,19 @@ def render_chart_png(
     axes.plot(steps, values, color=_LINE, linewidth=1.4, label=metric)
     if len(points) == 1:
         axes.plot(steps, values, "o", color=_LINE, markersize=4)
+    if non_finite_steps:
+        # x in data coordinates, y in axes coordinates: at the top, whatever the scale.
+        axes.plot(
+            non_finite_steps,
+            [0.97] * len(non_finite_steps),
+            "x",
+            color=_NON_FINITE,
+            markersize=5,
+            transform=axes.get_xaxis_transform(),
+            clip_on=False,
+            label="nan/inf",
+            linestyle="none",
+        )
 
     finite = [v for v in values if not math.isnan(v)]
     if finite and min(finite) > 0 and max(finite) / min(finite) > 100:
@@ -99,12 +117,15 @@ def render_chart_png(
         axes.yaxis.set_major_locator(MaxNLocator(nbins=5))
         axes.minorticks_off()
     axes.set_xlabel("step", fontsize=9)
-    axes.set_ylabel(metric, fontsize=9)
+    # A metric's name is drawn as typed: "$" would start matplotlib's mathtext.
+    axes.set_ylabel(metric, fontsize=9, parse_math=False)
     axes.tick_params(labelsize=8)
     axes.grid(True, alpha=0.3)
-    if snapshot.restarts_at_step or checkpoint_steps:
+    if snapshot.restarts_at_step or checkpoint_steps or non_finite_steps:
         # A fixed corner: loc="best" scans every point of every line (slow).
-        axes.legend(fontsize=8, loc="upper right", frameon=False)
+        legend = axes.legend(fontsize=8, loc="upper right", frameon=False)
+        for text in legend.get_texts():
+            text.set_parse_math(False)  # the metric's name, as typed
     # Fixed margins in pixels: tight_layout measures every tick label and costs
     # ~0.5 s a chart (more than the rest of the drawing together).
     figure.subplots_adjust(

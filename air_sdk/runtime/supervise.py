@@ -211,6 +211,22 @@ def pump_output(
                 out = None
 
 
+def drain_output(
+    pump: threading.Thread, stream: IO[bytes], idle: threading.Event, timeout_s: float
+) -> None:
+    """Wait until `pump_output` has handled what a rank wrote before it ended: its EOF,
+    or (a child of the rank may hold the pipe open) an empty pipe with every line read
+    handled (`idle`); at most `timeout_s`. The exit record then holds the last lines,
+    a traceback's too."""
+    deadline = time.monotonic() + timeout_s
+    while pump.is_alive() and time.monotonic() < deadline:
+        pending = _pending(stream.fileno())  # -1, cannot tell: wait for the EOF
+        pump.join(0.05)  # the pump turns what it read into lines meanwhile
+        # under load the pump can still hold lines it read: those were lost at exit
+        if pending == 0 and idle.is_set():
+            return
+
+
 class _IdleWhileReading(io.RawIOBase):
     """A pipe that says when its reader is blocked on it (between two reads the
     buffered reader above it is handling what it got)."""

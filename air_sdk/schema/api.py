@@ -42,6 +42,7 @@ from air_sdk.schema.events import (
     MetricsBatch,
     Placement,
 )
+from air_sdk.schema.numbers import NON_FINITE
 from air_sdk.schema.spec import JobSpec
 from air_sdk.schema.state import JobState
 
@@ -69,7 +70,7 @@ __all__ = [
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan=NON_FINITE)
 
 
 class Health(_Wire):

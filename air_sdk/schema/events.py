@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from air_sdk.schema._guards import WireModel
+from air_sdk.schema.numbers import NON_FINITE, json_data
 from air_sdk.schema.state import JobState, show_value
 
 MAX_POINTS_PER_REPORT = 10_000
@@ -79,7 +80,7 @@ EventType._repr_pretty_ = show_value  # type: ignore[attr-defined]
 
 
 class _Payload(WireModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan=NON_FINITE)
 
 
 # ---- where a job runs ---------------------------------------------------------------------
@@ -221,9 +222,10 @@ class Alert(_Payload):
 
 class MetricPoint(BaseModel):
     """One `air.log(step=..., **values)` call. NaN and infinities survive (a diverging
-    loss is worth seeing), written as the JSON constants Python reads back."""
+    loss is worth seeing), written as the strings "NaN", "Infinity" and "-Infinity"
+    (`air_sdk.schema.numbers`)."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan=NON_FINITE)
 
     step: int
     ts: float
@@ -258,7 +260,7 @@ class DeviceSample(BaseModel):
     """Utilization of one device of one node at one time: a GPU (nvidia-ml-py) or, where
     there is none, the node's CPU and memory (psutil)."""
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan=NON_FINITE)
 
     node: str
     #: "gpu0", "gpu1", ... or "cpu"
@@ -452,7 +454,7 @@ class Event(BaseModel):
         LogBatch(lines=['hi'])
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan=NON_FINITE)
 
     seq: int = Field(ge=1)
     job_id: str
@@ -486,7 +488,7 @@ class Event(BaseModel):
             type=event_type_of(payload),
             attempt=attempt,
             rank=rank,
-            data=payload.model_dump(mode="json"),
+            data=json_data(payload),
         )
 
     def payload(self) -> EventPayload:
@@ -521,7 +523,7 @@ class WorkerReport(WireModel):
         ['log']
     """
 
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan=NON_FINITE)
 
     rank: int = Field(ge=0)
     points: list[MetricPoint] = Field(default_factory=list, max_length=MAX_POINTS_PER_REPORT)

@@ -26,6 +26,7 @@ from air_sdk.schema.events import (
     StateChange,
     UtilBatch,
 )
+from air_sdk.schema.numbers import NON_FINITE
 from air_sdk.schema.state import JobState
 
 #: points kept per metric name for charts; older points are thinned, not dropped at random
@@ -62,7 +63,7 @@ class JobSnapshot(BaseModel):
         <JobState.RUNNING: 'RUNNING'>
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan=NON_FINITE)
 
     job_id: str
     last_seq: int = 0

@@ -24,6 +24,7 @@ import time
 from air_sdk.redact import Redactor, secret_values
 from air_sdk.schema import Event, EventPayload, EventType, FailureInfo
 from air_sdk.schema.events import event_type_of
+from air_sdk.schema.numbers import json_data, loads_data
 from air_sdk.store.database import Database
 from air_sdk.store.quota import COUNTED, QuotaKeeper, utf8_len
 from air_sdk.store.secret_env import SecretEnvStore
@@ -60,7 +61,7 @@ class EventLog:
         seq = c.execute(
             "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", (job_id,)
         ).fetchone()[0]
-        data = self.job_redactor(job_id).value(payload.model_dump(mode="json"))
+        data = self.job_redactor(job_id).value(json_data(payload))
         c.execute(
             "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -233,7 +234,7 @@ class EventLog:
                 type=EventType(r["type"]),
                 attempt=r["attempt"],
                 rank=r["rank"],
-                data=json.loads(r["data"]),
+                data=loads_data(r["data"]),
             )
             for r in self._db.read(sql, tuple(args))
         ]

@@ -23,14 +23,12 @@ It knows pids it started, never scans the host.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import queue
 import select
 import signal
 import subprocess
-import termios
 import threading
 import time
 from collections import deque
@@ -47,6 +45,7 @@ from air_sdk.runner.node.records import RankRecord, failure_marks, log_tail
 from air_sdk.runner.node.reporter import RankReporter
 from air_sdk.runner.node.sandbox import wrap
 from air_sdk.runtime._flight_recorder import trace_env
+from air_sdk.runtime.supervise import drain_output
 
 __all__ = ["NodeRunner"]
 
@@ -513,7 +512,8 @@ class NodeRunner:
 
         launch = r.node  # its own attempt's, even if the next one started meanwhile
         assert r.returncode is not None
-        self._drain(r)
+        if r.pump is not None and r.proc is not None and r.proc.stdout is not None:
+            drain_output(r.pump, r.proc.stdout, r.pump_idle, DRAIN_AFTER_EXIT_S)
         with r.tail_lock:
             tail = list(r.tail)
         ended = rank_exit(r.rank, r.returncode, tail, r.oom_before, launch.node)
@@ -525,28 +525,6 @@ class NodeRunner:
         self._on_change()
         if r.reporter is not None:
             r.reporter.finish(ended)
-
-    @staticmethod
-    def _drain(r: _Rank) -> None:
-        """Wait until the pump has read what the rank wrote before it ended: its EOF, or
-        (a child of the rank may hold the pipe open) an empty pipe; at most
-        DRAIN_AFTER_EXIT_S. The exit record then holds the last lines, a traceback's too."""
-        pump, stream = r.pump, r.proc.stdout if r.proc is not None else None
-        if pump is None or stream is None:
-            return
-        deadline = time.monotonic() + DRAIN_AFTER_EXIT_S
-        while pump.is_alive() and time.monotonic() < deadline:
-            try:
-                pending = int.from_bytes(
-                    fcntl.ioctl(stream.fileno(), termios.FIONREAD, b"\0\0\0\0"), "little"
-                )
-            except (OSError, ValueError):
-                pending = 1  # cannot tell: wait for the EOF
-            pump.join(0.05)  # the pump turns what it read into lines meanwhile
-            # nothing left in the pipe, and the pump handled every line it read from it
-            # (under load it can still hold several in its buffer: those were lost)
-            if pending == 0 and r.pump_idle.is_set():
-                return
 
     def _verdict(self) -> tuple[int, str] | None:
         # a rank counts once its exit record is written: a runner that reads the
