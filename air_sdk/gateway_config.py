@@ -276,6 +276,13 @@ class GatewayOptions(BaseSettings):
         description="Directory every sandboxed job may write besides its own (shared data or"
         " outputs; repeat). The rest of the filesystem is read-only to jobs.",
     )
+    max_preemption_grace_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
+        120.0,
+        ge=0,
+        description="Cap on a job's failure.preemption_grace_s (SIGTERM to SIGKILL when"
+        " preempted): a submit above it is refused. `air cancel` of a job in its grace"
+        " kills it 10 s after the cancel whatever its grace.",
+    )
     allow_unsandboxed_tenants: bool = Field(
         False,
         description="Serve more than one tenant on the local backend although its ranks run"

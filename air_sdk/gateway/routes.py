@@ -32,6 +32,7 @@ from air_sdk.gateway.app import (
     get_ctx,
 )
 from air_sdk.gateway.bodies import describe_validation_error, json_body, parse_model
+from air_sdk.gateway.tenancy import check_submit, cluster_view
 from air_sdk.planner.refusal import submit_refusal
 from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
@@ -44,7 +45,6 @@ from air_sdk.schema import (
     EventPage,
     EventType,
     FunctionResult,
-    GpuInfo,
     Health,
     Inventory,
     JobList,
@@ -53,7 +53,6 @@ from air_sdk.schema import (
     JobState,
     LogPage,
     MetricsPage,
-    NodeInfo,
     WorkerReport,
 )
 from air_sdk.schema.events import CheckpointRestore
@@ -232,6 +231,7 @@ def _submit(
     too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])
     if too_big is not None:
         raise HTTPException(400, too_big)
+    check_submit(ctx, principal, spec)
     try:
         job, created = ctx.store.create_job(
             spec, tenant=principal.tenant, idempotency_key=idempotency_key
@@ -404,23 +404,7 @@ def job_checkpoints(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> Checkp
 
 @router.get("/cluster", response_model=Inventory)
 def cluster(ctx: CtxDep, principal: PrincipalDep) -> Inventory:
-    held = ctx.runner.held_placements()
-    nodes = []
-    for n in ctx.runner.backend.inventory():
-        mine = [(p.job_id, a) for p in held for a in p.nodes if a.node == n.name]
-        nodes.append(
-            NodeInfo(
-                name=n.name,
-                pool=n.pool,
-                slots=n.slots,
-                gpus=[GpuInfo(index=g) for g in n.gpus],
-                used_slots=sum(a.slots for _, a in mine),
-                used_gpus=sorted(g for _, a in mine for g in a.gpus),
-                healthy=n.healthy,
-                jobs=sorted({j for j, _ in mine}),
-            )
-        )
-    return Inventory(nodes=nodes)
+    return cluster_view(ctx, principal)
 
 
 # ---- workers ------------------------------------------------------------------------------
