@@ -292,6 +292,13 @@ class GatewayOptions(BaseSettings):
             " home). Never the home or an ancestor of it (docs/security.md).",
         )
     )
+    max_preemption_grace_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
+        120.0,
+        ge=0,
+        description="Cap on a job's failure.preemption_grace_s (SIGTERM to SIGKILL when"
+        " preempted): a submit above it is refused. `air cancel` of a job in its grace"
+        " kills it 10 s after the cancel whatever its grace.",
+    )
     allow_unsandboxed_tenants: bool = Field(
         False,
         description="Serve more than one tenant on the local backend although its ranks run"

@@ -128,7 +128,7 @@ def handle_errors(fn: _F) -> _F:
         try:
             return fn(*args, **kwargs)
         except AirError as exc:
-            print_error(flag_message(exc))
+            print_error(str(exc))
             raise typer.Exit(exit_code_for(exc)) from None
 
     return wrapper  # type: ignore[return-value]

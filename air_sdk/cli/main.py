@@ -31,6 +31,7 @@ from air_sdk.cli._common import (
     console,
     echo_json,
     err_console,
+    flag_message,
     handle_errors,
 )
 from air_sdk.cli.admin import admin_app
@@ -194,7 +195,10 @@ def submit(
 
     what = str(options.get("workdir") or default_workdir(script))
     with BundleProgress(err_console, what) as progress:
-        job = client.submit_script(script, args=list(args or ()), progress=progress, **options)
+        try:
+            job = client.submit_script(script, args=list(args or ()), progress=progress, **options)
+        except SpecError as exc:  # said in the flags typed, not the spec's field names
+            raise SpecError(flag_message(exc)) from exc.__cause__
     typer.echo(job.id)
     if not follow:
         err_console.print(f"follow it with: air logs -f {job.id}", style="dim", soft_wrap=True)
@@ -377,6 +381,10 @@ def cancel(
     _print_cancelled(_job_or_newest(client, job_id, "cancel").cancel())
 
 
+#: jobs listed per request by `air cancel --all` (the gateway's largest page)
+CANCEL_PAGE = 1000
+
+
 def _print_cancelled(record: JobRecord) -> None:
     if record.state.terminal and record.state is not JobState.CANCELLED:
         console.print(f"job {record.id} had already ended: {record.state.value}")
@@ -385,18 +393,20 @@ def _print_cancelled(record: JobRecord) -> None:
 
 
 def _cancel_all(client: Client, *, yes: bool) -> None:
-    """`air cancel --all`: every job that has not ended, after a yes (or --yes)."""
+    """`air cancel --all`: every job that has not ended, after a yes (or --yes). The
+    gateway lists at most a page of jobs at once: pages are cancelled until a listing
+    shows no job not yet cancelled."""
     from air_sdk.client import Job
 
-    active = client.active_jobs()
+    active = client.active_jobs(limit=CANCEL_PAGE)
     if not active:
         console.print("no queued or running jobs to cancel")
         return
     shown = ", ".join(r.id for r in active[:5]) + (
         f" and {len(active) - 5} more" if len(active) > 5 else ""
     )
-    what = f"{plural(len(active), 'job')} that {'has' if len(active) == 1 else 'have'} not ended"
-    what += f" ({shown})"
+    count = plural(len(active), "job") + (" or more" if len(active) >= CANCEL_PAGE else "")
+    what = f"{count} that {'has' if len(active) == 1 else 'have'} not ended ({shown})"
     if not yes:
         if not _stdin_is_terminal():
             raise typer.BadParameter(
@@ -407,8 +417,13 @@ def _cancel_all(client: Client, *, yes: bool) -> None:
         if not typer.confirm(f"cancel {what}?", default=False, err=True):
             err_console.print("nothing cancelled")
             raise typer.Exit(1)
-    for record in active:
-        _print_cancelled(Job(client, record).cancel())
+    asked: set[str] = set()
+    while active:
+        for record in active:
+            asked.add(record.id)
+            _print_cancelled(Job(client, record).cancel())
+        # Queued jobs leave the listing once cancelled; running ones stay until stopped.
+        active = [r for r in client.active_jobs(limit=CANCEL_PAGE) if r.id not in asked]
 
 
 app.command("gc")(gc_command)

@@ -159,6 +159,5 @@ def clear_node(name: str, ctx: CtxDep, _: SystemAdminDep) -> NodeHealth:
     known = _node_health(ctx) if is_valid(NODE, name) else {}
     if name not in known:
         raise HTTPException(404, f"no node {shown(name)}: list them with `air admin node list`")
-    ctx.store.clear_node_failures(name)
-    ctx.runner.wake()
+    ctx.runner.clear_node(name)
     return _node_health(ctx)[name]

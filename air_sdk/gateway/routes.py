@@ -33,6 +33,7 @@ from air_sdk.gateway.app import (
 )
 from air_sdk.gateway.bodies import describe_validation_error, json_body, parse_model
 from air_sdk.gateway.streams import StreamSlot, job_event_stream
+from air_sdk.gateway.tenancy import check_submit, cluster_view
 from air_sdk.planner.refusal import submit_refusal
 from air_sdk.redact import Redactor, redact_env
 from air_sdk.runner import job_paths
@@ -46,7 +47,6 @@ from air_sdk.schema import (
     EventPage,
     EventType,
     FunctionResult,
-    GpuInfo,
     Health,
     Inventory,
     JobList,
@@ -55,7 +55,6 @@ from air_sdk.schema import (
     JobState,
     LogPage,
     MetricsPage,
-    NodeInfo,
     WorkerReport,
 )
 from air_sdk.schema.events import CheckpointRestore
@@ -236,6 +235,7 @@ def _submit(
         raise HTTPException(400, too_big)
     if (bad_path := job_paths.submit_refusal(spec, ctx.runner.backend)) is not None:
         raise HTTPException(400, bad_path)  # checked again at launch
+    check_submit(ctx, principal, spec)
     try:
         job, created = ctx.store.create_job(
             spec, tenant=principal.tenant, idempotency_key=idempotency_key
@@ -397,23 +397,7 @@ def job_checkpoints(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> Checkp
 
 @router.get("/cluster", response_model=Inventory)
 def cluster(ctx: CtxDep, principal: PrincipalDep) -> Inventory:
-    held = ctx.runner.held_placements()
-    nodes = []
-    for n in ctx.runner.backend.inventory():
-        mine = [(p.job_id, a) for p in held for a in p.nodes if a.node == n.name]
-        nodes.append(
-            NodeInfo(
-                name=n.name,
-                pool=n.pool,
-                slots=n.slots,
-                gpus=[GpuInfo(index=g) for g in n.gpus],
-                used_slots=sum(a.slots for _, a in mine),
-                used_gpus=sorted(g for _, a in mine for g in a.gpus),
-                healthy=n.healthy,
-                jobs=sorted({j for j, _ in mine}),
-            )
-        )
-    return Inventory(nodes=nodes)
+    return cluster_view(ctx, principal)
 
 
 # ---- workers ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, 
 from air_sdk.runner.flight_recorder import hang_report
 from air_sdk.runner.job_files import JobPaths, entrypoint_of, prepare_code
 from air_sdk.runner.node.plan import attempt_worker
+from air_sdk.runner.node_health import NodeHealthBook
 from air_sdk.runner.policy import (
     FailureAction,
     HangPolicy,
@@ -27,7 +28,9 @@ from air_sdk.runner.policy import (
     RestartPolicy,
     StragglerPolicy,
     diagnose,
+    node_evidence,
 )
+from air_sdk.runner.stopping import stop_unless_cancelled
 from air_sdk.schema import (
     EventType,
     FailureInfo,
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: the cap on a job's preemption grace when the runner is given none (GatewayOptions)
+DEFAULT_MAX_PREEMPTION_GRACE_S = 120.0
 #: after every rank exited 0, how long launchers get to leave on their own
 SUCCESS_EXIT_WAIT_S = 5.0
 #: how long a rank whose runtime shut down (air.shutdown) may take to exit before the
@@ -67,18 +72,6 @@ def _marked(names: set[str], prefix: str) -> set[int]:
     return {int(m[n:]) for m in names if m.startswith(prefix) and m[n:].isdigit()}
 
 
-#: rank deaths that point at the machine rather than the code
-_HARDWARE_SIGNALS = frozenset({"SIGBUS", "SIGSEGV", "SIGILL"})
-
-
-def _blames_the_node(failure: FailureInfo) -> bool:
-    """A lost launcher, or a rank killed by a hardware-looking signal, counts against
-    the node; an exit code is the code's doing and never does."""
-    return failure.kind == "lost_node" or (
-        failure.kind == "crash" and failure.signal in _HARDWARE_SIGNALS
-    )
-
-
 class JobController:
     """Runs one job from SCHEDULED (or a re-attached attempt) to a terminal state.
 
@@ -100,8 +93,10 @@ class JobController:
         prepare_code: bool = True,
         teardown_grace_s: float = 5.0,
         unhealthy_nodes: Callable[[], set[str]] | None = None,
+        node_book: NodeHealthBook | None = None,
         restart_policy: RestartPolicy | None = None,
         code_cache: BundleCache | None = None,
+        max_preemption_grace_s: float = DEFAULT_MAX_PREEMPTION_GRACE_S,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -117,6 +112,7 @@ class JobController:
         self.hang_policy = HangPolicy(timeout_s=job.spec.failure.hang_timeout_s)
         self.straggler_policy = StragglerPolicy()
         self.teardown_grace_s = teardown_grace_s
+        self.max_preemption_grace_s = max_preemption_grace_s
         self.state = job.state
         self.charged_restarts = job.charged_restarts
         self.handle: AttemptHandle | None = None
@@ -131,6 +127,8 @@ class JobController:
         #: unhealthy): this controller is done, a new one will run the next placement
         self.released = False
         self._unhealthy_nodes = unhealthy_nodes or (lambda: set())
+        #: where failures that may be a node's fault are kept (the runner's, shared)
+        self._node_book = node_book or NodeHealthBook()
         self._prepare_code = prepare_code
         #: bundles unpacked once per sha256; the job's code dir links their files
         self._code_cache = code_cache
@@ -253,10 +251,12 @@ class JobController:
     def _preempt(self, reason: str) -> None:
         """Stop the attempt gracefully (SIGTERM, the job's preemption grace to save a
         checkpoint, then SIGKILL) and requeue the job with its first submit time."""
-        grace = self.spec.failure.preemption_grace_s
-        self._teardown(grace_s=grace)
-        job = self.store.get_job(self.job_id)
-        if job is not None and job.cancel_requested:  # cancelled during the grace period
+        grace = min(self.spec.failure.preemption_grace_s, self.max_preemption_grace_s)
+        # A cancel during the grace kills the ranks soon after it came, whatever the grace.
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            stop_unless_cancelled(self.backend, handle, grace, self._cancel_requested)
+        if self._cancel_requested():
             self._cancel()
             return
         failure = FailureInfo(attempt=self.attempt, kind="preempted", reason=reason, charged=False)
@@ -323,6 +323,7 @@ class JobController:
             self._teardown(wait_first_s=SUCCESS_EXIT_WAIT_S)
             for a in self.placement.nodes:  # a node that just ran a job to the end is fine
                 self.store.clear_node_failures(a.node)
+                self._node_book.ran_fine(a.node)
             self._end_attempt("succeeded")
             self._move(JobState.SUCCEEDED, "every rank exited 0")
             return
@@ -490,8 +491,10 @@ class JobController:
 
     def _fail_or_restart(self, failure: FailureInfo) -> None:
         self._end_attempt(failure.reason, failure)
-        if failure.node is not None and _blames_the_node(failure):
-            self.store.record_node_failure(failure.node)
+        evidence = node_evidence(failure, tenant=self.tenant, job_id=self.job_id, now=time.time())
+        if evidence is not None:  # the store keeps the count; the book, whose jobs they were
+            self.store.record_node_failure(evidence.node)
+            self._node_book.add(evidence)
         decision = self.policy.make_decision(failure, num_restarts=self.charged_restarts)
         if decision.action is not FailureAction.RESTART:
             self._move(JobState.FAILED, decision.reason, failure)
@@ -518,8 +521,7 @@ class JobController:
     def _sleep_unless_cancelled(self, delay_s: float) -> bool:
         deadline = time.monotonic() + delay_s
         while True:
-            job = self.store.get_job(self.job_id)
-            if job is not None and job.cancel_requested:
+            if self._cancel_requested():
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -531,6 +533,10 @@ class JobController:
             grace = self.teardown_grace_s if grace_s is None else grace_s
             self.backend.terminate(self.handle, grace, wait_first_s=wait_first_s)
             self.handle = None
+
+    def _cancel_requested(self) -> bool:
+        job = self.store.get_job(self.job_id)
+        return job is not None and job.cancel_requested
 
     def _end_attempt(self, reason: str, failure: FailureInfo | None = None) -> None:
         if self.attempt:

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 from air_sdk.runner.backends.base import NodeStatus
 from air_sdk.schema import FailureInfo, FailurePolicySpec, RankExit
@@ -290,23 +291,97 @@ class StragglerPolicy:
         return sorted(out)
 
 
+#: rank deaths that point at the machine rather than the code
+HARDWARE_SIGNALS = frozenset({"SIGBUS", "SIGSEGV", "SIGILL"})
+#: output that names a failing device (CUDA/NCCL errors, a GPU XID, ECC, a lost GPU)
+DEVICE_ERROR = re.compile(
+    r"CUDA error|NCCL error|ncclSystemError|ncclUnhandledCudaError|\bXid\b"
+    r"|uncorrectable ECC|ECC_UNCORRECTABLE|GPU is lost|fallen off the bus",
+    re.IGNORECASE,
+)
+
+NodeEvidenceKind = Literal["crash", "device", "probe"]
+
+
 @dataclass(frozen=True)
-class NodeHealthPolicy:
-    """A node blamed for `threshold` failures (crashes on it, lost launchers) is
-    unhealthy and left out of placements until `cooldown_s` passed since its last
-    failure.
+class NodeEvidence:
+    """One sign that a node may be bad: a job's crash that looks like the machine's
+    (`crash`: a lost launcher, SIGSEGV/SIGBUS/SIGILL), a device error in its output
+    (`device`), or the operator's own health probe (`probe`, not a job's doing)."""
+
+    node: str
+    kind: NodeEvidenceKind
+    tenant: str
+    job_id: str
+    ts: float
+
+
+def node_evidence(
+    failure: FailureInfo, *, tenant: str, job_id: str, now: float
+) -> NodeEvidence | None:
+    """What a failed attempt says about the node it names, or None (an exit code is the
+    code's doing: it counts against the job's restart budget, never the node).
 
     Example:
-        >>> NodeHealthPolicy(threshold=2).unhealthy({"n1": (2, 100.0)}, now=110.0)
+        >>> f = FailureInfo(attempt=1, reason="x", kind="crash", node="n1", signal="SIGSEGV")
+        >>> node_evidence(f, tenant="a", job_id="j", now=1.0).kind
+        'crash'
+    """
+    if failure.node is None:
+        return None
+    lines = [*failure.log_tail, *(line for e in failure.rank_exits for line in e.tail)]
+    kind: NodeEvidenceKind | None = None
+    if any(DEVICE_ERROR.search(line) for line in lines):
+        kind = "device"
+    elif failure.kind == "lost_node" or (
+        failure.kind == "crash" and failure.signal in HARDWARE_SIGNALS
+    ):
+        kind = "crash"
+    if kind is None:
+        return None
+    return NodeEvidence(node=failure.node, kind=kind, tenant=tenant, job_id=job_id, ts=now)
+
+
+@dataclass(frozen=True)
+class NodeHealthPolicy:
+    """A node is left out of placements (for `cooldown_s` after the last evidence) only
+    on evidence that is not one job's, nor one tenant's, own doing:
+
+    - a health probe's failure (`probe`): the operator's word, enough alone;
+    - failures of jobs of at least `min_tenants` tenants (fewer when the gateway has
+      fewer): `min_jobs` jobs for crashes, one for device errors.
+
+    A job that crashes on purpose, however often, uses up its own restarts; a tenant
+    alone cannot take a node from the others, since any job's output can claim a
+    device error.
+
+    Example:
+        >>> ev = [NodeEvidence("n1", "crash", "a", f"j{i}", 100.0) for i in range(5)]
+        >>> NodeHealthPolicy().unhealthy(ev, now=110.0, num_tenants=2)
+        set()
+        >>> ev.append(NodeEvidence("n1", "crash", "b", "k", 105.0))
+        >>> NodeHealthPolicy().unhealthy(ev, now=110.0, num_tenants=2)
         {'n1'}
     """
 
-    threshold: int = 2
+    min_tenants: int = 2
+    min_jobs: int = 2
     cooldown_s: float = 300.0
 
-    def unhealthy(self, failures: Mapping[str, tuple[int, float]], now: float) -> set[str]:
-        return {
-            node
-            for node, (count, last) in failures.items()
-            if count >= self.threshold and now - last < self.cooldown_s
-        }
+    def unhealthy(
+        self, evidence: Sequence[NodeEvidence], now: float, *, num_tenants: int
+    ) -> set[str]:
+        by_node: dict[str, list[NodeEvidence]] = {}
+        for e in evidence:
+            if now - e.ts < self.cooldown_s:
+                by_node.setdefault(e.node, []).append(e)
+        return {node for node, seen in by_node.items() if self._bad(seen, num_tenants)}
+
+    def _bad(self, seen: Sequence[NodeEvidence], num_tenants: int) -> bool:
+        if any(e.kind == "probe" for e in seen):
+            return True
+        tenants = {e.tenant for e in seen}
+        if len(tenants) < max(1, min(self.min_tenants, num_tenants)):
+            return False
+        jobs = {e.job_id for e in seen}
+        return len(jobs) >= self.min_jobs or any(e.kind == "device" for e in seen)

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from air_sdk.runner.backends.base import Backend
-from air_sdk.runner.controller import JobController
+from air_sdk.runner.controller import DEFAULT_MAX_PREEMPTION_GRACE_S, JobController
 from air_sdk.runner.job_files import JobPaths
 from air_sdk.runner.machine import MachineCap, oversubscribed_by
+from air_sdk.runner.node_health import NodeHealthBook
 from air_sdk.runner.outputs import default_output_dir
 from air_sdk.runner.policy import NodeHealthPolicy
 from air_sdk.runner.retention import RetentionPolicy, collect_garbage
@@ -32,6 +33,7 @@ from air_sdk.scheduler import (
     SchedulerState,
     fits_ever,
 )
+from air_sdk.scheduler.tenancy import mask_foreign_jobs
 from air_sdk.schema import Alert, FailureInfo, GcReport, JobRecord, JobSpec, JobState, Placement
 from air_sdk.store import ACTIVE_STATES, SqliteStore
 
@@ -88,6 +90,7 @@ class Runner:
         node_health: NodeHealthPolicy | None = None,
         policy: SchedulerPolicy | None = None,
         retention: RetentionPolicy | None = None,
+        max_preemption_grace_s: float = DEFAULT_MAX_PREEMPTION_GRACE_S,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -103,7 +106,11 @@ class Runner:
         self._next_sweep = 0.0
         self.tick_s = tick_s
         self.node_health = node_health or NodeHealthPolicy()
+        self.node_book = NodeHealthBook()
         self.policy = policy or SchedulerPolicy()
+        #: the operator's cap on a job's `failure.preemption_grace_s` (submits above it
+        #: are refused; a job stored before the cap was lowered gets the cap)
+        self.max_preemption_grace_s = max_preemption_grace_s
         self._sched = SchedulerState()
         #: the scheduler's view of each job holding a placement, kept between cycles
         #: (SchedulerState diffs by identity first)
@@ -111,6 +118,9 @@ class Runner:
         #: why each queued job waits and its place in its pool's line, from the last cycle
         self._explanations: Mapping[str, str] = {}
         self._positions: dict[str, int] = {}
+        #: the tenant of every job the last cycle saw (queued or holding a placement), so
+        #: reasons name another tenant's job only as "another tenant's job"
+        self._tenant_of: dict[str, str] = {}
         self._controllers: dict[str, JobController] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -142,7 +152,19 @@ class Runner:
         self._wake.set()
 
     def unhealthy_nodes(self) -> set[str]:
-        return self.node_health.unhealthy(self.store.node_failures(), time.time())
+        """Nodes the evidence of several tenants' failures (or a probe) keeps out of
+        placements (`NodeHealthPolicy`); the one source of health for the scheduler,
+        /v1/cluster and `air admin node list`."""
+        num_tenants = len(self.store.list_tenants())
+        return self.node_health.unhealthy(
+            self.node_book.evidence(), time.time(), num_tenants=num_tenants
+        )
+
+    def clear_node(self, node: str) -> None:
+        """An admin vouches for `node`: its failures are forgotten, jobs go there again."""
+        self.store.clear_node_failures(node)
+        self.node_book.clear(node)
+        self.wake()
 
     def inventory(self) -> list[NodeSpec]:
         """The backend's nodes, with the ones failures made unhealthy marked so."""
@@ -153,14 +175,22 @@ class Runner:
         ]
 
     def held_placements(self) -> list[Placement]:
+        return [p for p, _ in self.held_jobs()]
+
+    def held_jobs(self) -> list[tuple[Placement, str]]:
+        """Every held placement with the tenant of its job."""
         with self._lock:
-            return [c.placement for c in self._controllers.values()]
+            return [(c.placement, c.tenant) for c in self._controllers.values()]
 
     def queue_info(self, job_id: str) -> tuple[str | None, int | None]:
         """Why a queued job waits and its position in its pool's line (1: next), as of
         the last scheduling cycle; (None, None) for a job the scheduler has not seen
-        waiting."""
-        return self._explanations.get(job_id), self._positions.get(job_id)
+        waiting. Another tenant's job is not named in the reason."""
+        reason = self._explanations.get(job_id)
+        tenant = self._tenant_of.get(job_id)
+        if reason is not None and tenant is not None:
+            reason = mask_foreign_jobs(reason, tenant, self._tenant_of)
+        return reason, self._positions.get(job_id)
 
     # -- loop ----------------------------------------------------------------------------
 
@@ -234,6 +264,8 @@ class Runner:
                 continue
             requests.append(req)
         running = self._running_jobs()
+        tenant_of = {r.job_id: r.tenant for r in requests}
+        tenant_of.update((r.job_id, r.tenant) for r in running)
         decision = self._sched.decide(requests, self.inventory(), running, self.policy, time.time())
         placements = list(decision.placements)
         explanations = dict(decision.explanations)
@@ -262,8 +294,12 @@ class Runner:
         for p in decision.preemptions:
             with self._lock:
                 victim = self._controllers.get(p.victim_job_id)
-            if victim is not None and victim.preempt(p.reason):
+            # The victim's events say why, without naming another tenant's job.
+            if victim is not None and victim.preempt(
+                mask_foreign_jobs(p.reason, victim.tenant, tenant_of)
+            ):
                 log.info("preempting %s for %s: %s", p.victim_job_id, p.for_job_id, p.reason)
+        self._tenant_of = tenant_of
         self._explanations = explanations
         self._positions = decision.positions
         return started
@@ -316,6 +352,8 @@ class Runner:
             JobPaths(self.home / "jobs" / job.id, outputs=self.output_dir(job.id)),
             self.gateway_url,
             unhealthy_nodes=self.unhealthy_nodes,
+            node_book=self.node_book,
+            max_preemption_grace_s=self.max_preemption_grace_s,
             code_cache=self.code_cache.for_tenant(job.tenant),
         )
 

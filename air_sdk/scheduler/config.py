@@ -26,7 +26,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from air_sdk.scheduler.gang import ANY_POOL, NodeSpec
-from air_sdk.scheduler.policy import UNLIMITED, SchedulerPolicy, TenantQuota
+from air_sdk.scheduler.policy import (
+    DEFAULT_MAX_QUEUED,
+    UNLIMITED,
+    SchedulerPolicy,
+    TenantQuota,
+)
 from air_sdk.schema.names import ACCELERATOR, NAME, NODE, is_valid, shown
 
 Priority = Literal["low", "normal", "high"]
@@ -104,6 +109,14 @@ class TenantEntry(_Model):
     gpus: int | None = Field(None, ge=0)
     slots: int | None = Field(None, ge=0)
     weight: float = Field(1.0, gt=0)
+    max_priority: Priority | None = Field(
+        None,
+        description="Highest priority its jobs may ask for (default: '*''s, else 'normal');"
+        " the system admin is not capped.",
+    )
+    max_queued: int | None = Field(
+        None, ge=1, description="Queued jobs it may have at once (default: '*''s, else 1000)."
+    )
 
 
 class SchedulerEntry(_Model):
@@ -214,6 +227,7 @@ def _policy(cfg: ClusterFile) -> SchedulerPolicy:
         if name != "*"
     }
     star = cfg.tenants.get("*")
+    named = {name: t for name, t in cfg.tenants.items() if name != "*"}
     s = cfg.scheduler
     return SchedulerPolicy(
         quotas=quotas,
@@ -226,4 +240,8 @@ def _policy(cfg: ClusterFile) -> SchedulerPolicy:
         locality_label=s.locality_label,
         locality_strict=s.locality_strict,
         aging_s=s.aging_s,
+        max_priorities={n: t.max_priority for n, t in named.items() if t.max_priority},
+        default_max_priority=(star.max_priority if star and star.max_priority else "normal"),
+        max_queued={n: t.max_queued for n, t in named.items() if t.max_queued},
+        default_max_queued=(star.max_queued if star and star.max_queued else DEFAULT_MAX_QUEUED),
     )

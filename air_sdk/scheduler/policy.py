@@ -31,6 +31,8 @@ class TenantQuota:
 
 
 UNLIMITED = TenantQuota()
+#: queued jobs one tenant may have when the cluster file sets no `max_queued`
+DEFAULT_MAX_QUEUED = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +69,14 @@ class SchedulerPolicy:
     locality_label: str | None = "region"
     #: with a locality label: never span label values (wait instead)
     locality_strict: bool = False
+    #: per-tenant highest priority class a submit may ask for (`air_sdk.scheduler.tenancy`)
+    max_priorities: Mapping[str, str] = field(default_factory=dict)
+    #: ... for tenants without an entry there: no member may preempt another tenant
+    default_max_priority: str = "normal"
+    #: per-tenant cap on queued jobs
+    max_queued: Mapping[str, int] = field(default_factory=dict)
+    #: ... for tenants without an entry there
+    default_max_queued: int = DEFAULT_MAX_QUEUED
 
     def __post_init__(self) -> None:
         if self.fair_share not in ("drf", "fifo"):
@@ -79,6 +89,15 @@ class SchedulerPolicy:
             )
         if self.aging_s is not None and not self.aging_s > 0:
             raise ValueError(f"aging_s={self.aging_s}: give a positive number of seconds or None")
+        for tenant, p in {**self.max_priorities, "*": self.default_max_priority}.items():
+            if p not in PRIORITIES:
+                raise ValueError(
+                    f"max_priority {p!r} of tenant {tenant!r} is not a priority class;"
+                    f" use one of {', '.join(PRIORITIES)}"
+                )
+        for tenant, n in {**self.max_queued, "*": self.default_max_queued}.items():
+            if n < 1:
+                raise ValueError(f"max_queued of tenant {tenant!r} is {n}: give 1 or more")
         for tenant, w in self.weights.items():
             if not w > 0:
                 raise ValueError(f"weight of tenant {tenant!r} is {w}: weights must be > 0")
@@ -88,3 +107,9 @@ class SchedulerPolicy:
 
     def weight(self, tenant: str) -> float:
         return float(self.weights.get(tenant, 1.0))
+
+    def max_priority(self, tenant: str) -> str:
+        return self.max_priorities.get(tenant, self.default_max_priority)
+
+    def max_queued_for(self, tenant: str) -> int:
+        return self.max_queued.get(tenant, self.default_max_queued)

@@ -132,6 +132,15 @@ class JobStore:
         args.append(limit)
         return [self._job(r) for r in self._db.read(sql, tuple(args))]
 
+    def count_jobs(self, *, tenant: str, states: tuple[JobState, ...]) -> int:
+        """How many of `tenant`'s jobs are in one of `states`."""
+        marks = ",".join("?" * len(states))
+        rows = self._db.read(
+            f"SELECT COUNT(*) FROM jobs WHERE tenant = ? AND state IN ({marks})",
+            (tenant, *(s.value for s in states)),
+        )
+        return int(rows[0][0]) if rows else 0
+
     def transition(
         self,
         job_id: str,

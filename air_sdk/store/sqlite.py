@@ -74,6 +74,7 @@ class SqliteStore:
         self.create_job = jobs.create_job
         self.get_job = jobs.get_job
         self.list_jobs = jobs.list_jobs
+        self.count_jobs = jobs.count_jobs
         self.transition = jobs.transition
         self.request_cancel = jobs.request_cancel
         self.queue_position = jobs.queue_position

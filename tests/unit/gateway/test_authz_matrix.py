@@ -247,13 +247,22 @@ def test_a_revoked_token_is_refused_at_once(world):
 
 
 def test_clearing_a_node_puts_it_back_in_the_inventory(world):
+    import time
+
+    from air_sdk.runner.policy import NodeEvidence
+
     tenancy, _, _ = world
-    for _ in range(5):
+    book = tenancy.app.state.air.runner.node_book
+    for i, tenant in enumerate(["acme", "globex"] * 2 + ["acme"]):  # two tenants' crashes
         tenancy.store.record_node_failure("node-1")
+        book.add(NodeEvidence("node-1", "crash", tenant, f"job-{i}", time.time()))
     sysadmin = tenancy.client("sysadmin")
     nodes = {n["name"]: n for n in sysadmin.get("/v1/admin/nodes").json()["nodes"]}
     assert nodes["node-1"]["num_failures"] == 5 and not nodes["node-1"]["healthy"]
+    cluster = {n["name"]: n for n in sysadmin.get("/v1/cluster").json()["nodes"]}
+    assert not cluster["node-1"]["healthy"] and cluster["node-0"]["healthy"]  # one truth
     r = sysadmin.post("/v1/admin/nodes/node-1/clear")
     assert r.status_code == 200 and r.json()["healthy"] and r.json()["num_failures"] == 0
     assert tenancy.store.node_failures() == {}
+    assert all(n["healthy"] for n in sysadmin.get("/v1/cluster").json()["nodes"])
     assert sysadmin.post("/v1/admin/nodes/node-9/clear").status_code == 404

@@ -433,12 +433,14 @@ def test_non_retryable_log_pattern_fails_at_once(store, tmp_path):
 def test_a_failing_node_is_blamed_and_the_job_requeued_without_it(store, tmp_path):
     from air_sdk.runner.policy import NodeHealthPolicy
 
-    policy = NodeHealthPolicy(threshold=1)
+    policy = NodeHealthPolicy(min_jobs=1)
     ctl, backend = make(
         store,
         tmp_path,
         max_restarts=3,
-        unhealthy=lambda: policy.unhealthy(store.node_failures(), __import__("time").time()),
+        unhealthy=lambda: policy.unhealthy(
+            ctl._node_book.evidence(), __import__("time").time(), num_tenants=1
+        ),
     )
     ctl.step()
     rank_exit(store, ctl, 1, sig="SIGBUS", node="n1")
