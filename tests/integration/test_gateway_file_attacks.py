@@ -1,0 +1,121 @@
+"""Issue 19: a member of one tenant, through its own jobs, against the gateway's file
+handling. Each attack runs through a real gateway and real sandboxed jobs:
+
+* a job swaps an output file (and a directory) between a real one and a link to
+  another tenant's secrets file while the owner downloads it: the secret never
+  comes back;
+* a job replaces its inline code file by a link to a file of the gateway's, then is
+  preempted and placed again: the gateway rewrites its code without writing through
+  the link.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import requests
+from airtest import wait_for
+
+from air_sdk.client import Client
+from air_sdk.schema import JobSpec, JobState, Resources
+
+pytestmark = pytest.mark.slow
+
+# Swaps out.txt between a file and a link, and dir d/ between a directory and a link,
+# as fast as it can, until the test drops a `stop` file into its output directory.
+SWAPPER = """
+import os, sys, time
+import air_sdk.runtime as air
+air.init()
+out = air.output_dir()
+secret_file, secret_dir, victim = sys.argv[1], sys.argv[2], sys.argv[3]
+(out / "out.txt").write_text("benign\\n")
+(out / "d").mkdir()
+(out / "d" / victim).write_text("benign\\n")
+deadline = time.time() + 240
+print("swapping", flush=True)
+while not (out / "stop").exists() and time.time() < deadline:
+    for _ in range(100):
+        (out / "f.tmp").write_text("benign\\n")
+        os.replace(out / "f.tmp", out / "out.txt")
+        os.symlink(secret_file, out / "l.tmp")
+        os.replace(out / "l.tmp", out / "out.txt")
+        os.rename(out / "d", out / "d.real")
+        os.symlink(secret_dir, out / "d")
+        os.unlink(out / "d")
+        os.rename(out / "d.real", out / "d")
+air.shutdown()
+"""
+
+SLEEPER = """
+import time
+import air_sdk.runtime as air
+air.init()
+for _ in range(2400):
+    if air.should_stop():
+        break
+    time.sleep(0.1)
+air.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def members(gateway: Client) -> dict[str, Client]:
+    """A client with a member token of each of two fresh tenants on the module's gateway
+    (the token itself under "<role>-token")."""
+    found: dict = {}
+    for role in ("victim", "attacker"):
+        name = f"{role}-{secrets.token_hex(3)}"
+        gateway.admin.create_tenant(name)
+        token = gateway.admin.create_token(tenant=name, role="member").token
+        found[role] = Client(gateway.gateway_url, token)
+        found[f"{role}-token"] = token
+    return found
+
+
+def test_swapping_an_output_for_a_link_never_serves_another_tenant_s_secret(
+    gateway_process, members
+):
+    home = gateway_process.log_path.parent
+    canary = f"canary-{secrets.token_hex(12)}"
+    victim = members["victim"].submit(
+        JobSpec(code=SLEEPER, env={"WANDB_API_KEY": canary}, resources=Resources(nodes=1))
+    )
+    secret_file = home / "secrets" / f"{victim.id}.json"
+    wait_for(secret_file.exists, 60, "the victim's secrets file")
+    assert canary in secret_file.read_text()  # what the attacker is after
+    attacker = members["attacker"].submit(
+        JobSpec(
+            code=SWAPPER,
+            args=[str(secret_file), str(secret_file.parent), f"{victim.id}.json"],
+            resources=Resources(nodes=1),
+        )
+    )
+    outputs = home / "outputs" / attacker.id
+    wait_for(lambda: (outputs / "d.real").exists() or (outputs / "d").exists(), 180, "swaps")
+    url = f"{gateway_process.url}/v1/jobs/{attacker.id}/outputs"
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {members['attacker-token']}"
+    answers: list[requests.Response] = []
+    try:
+        for i in range(300):
+            answers.append(session.get(f"{url}/files/out.txt", timeout=30))
+            answers.append(session.get(f"{url}/files/d/{victim.id}.json", timeout=30))
+            if i % 10 == 0:
+                answers.append(session.get(url, timeout=30))
+    finally:
+        (outputs / "stop").write_text("")
+    leaked = [r.status_code for r in answers if canary in r.text]
+    assert leaked == [], f"{len(leaked)} answers held the other tenant's secret"
+    served = [r for r in answers if r.url.endswith("/out.txt") and r.status_code == 200]
+    refused = [r for r in answers if r.status_code == 404]
+    # the race was really run: the file was served sometimes, refused (a link) other times
+    assert served and all(r.content == b"benign\n" for r in served)
+    why = {r.json()["detail"].split(":")[0] for r in refused}
+    # a link is refused as one; in the moment between the swap's unlink and rename, as gone
+    assert any("is a symlink" in w for w in why), why
+    assert all("is a symlink" in w or "is not a file of the job" in w for w in why), why
+    assert attacker.wait(timeout=120).state is JobState.SUCCEEDED
+    victim.cancel()
+    assert victim.wait(timeout=120).state.terminal
