@@ -10,11 +10,13 @@ Example:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air_sdk.runner.node.launch import MODULE_PREFIX
+from air_sdk.runner.nofollow import open_dir, replace_file
 from air_sdk.schema import JobSpec
 
 if TYPE_CHECKING:
@@ -51,7 +53,8 @@ def prepare_code(
     paths: JobPaths, spec: JobSpec, bundle: Path | None, cache: BundleCache | None
 ) -> None:
     """Build `paths.code` unless it exists: the bundle's files linked from `cache` (or
-    unpacked when there is none), plus the inline code as `INLINE_ENTRYPOINT`."""
+    unpacked when there is none), plus the inline code as `INLINE_ENTRYPOINT`, written
+    anew each time without following a link the job left in its place."""
     from air_sdk.bundle import unpack_bundle
 
     code = paths.code
@@ -65,7 +68,14 @@ def prepare_code(
         else:
             code.mkdir(parents=True)
     if spec.code is not None:
-        (code / INLINE_ENTRYPOINT).write_text(spec.code)
+        # The job's ranks can write its code dir: when the job is placed again, the file
+        # may be a link they planted. Replace the name (a fresh file renamed over it)
+        # in the dir opened by fd, never write through it (issue 19).
+        code_fd = open_dir(paths.root, code.relative_to(paths.root).as_posix())
+        try:
+            replace_file(code_fd, INLINE_ENTRYPOINT, spec.code.encode())
+        finally:
+            os.close(code_fd)
 
 
 def entrypoint_of(spec: JobSpec, paths: JobPaths | None = None) -> str:

@@ -119,3 +119,55 @@ def test_swapping_an_output_for_a_link_never_serves_another_tenant_s_secret(
     assert attacker.wait(timeout=120).state is JobState.SUCCEEDED
     victim.cancel()
     assert victim.wait(timeout=120).state.terminal
+
+
+# Its first placement replaces its own code file by a link to a file of the gateway's
+# and waits to be preempted; placed again, it just finishes.
+PLANTER = """
+import os, sys, time
+import air_sdk.runtime as air
+air.init()
+here = os.path.abspath(__file__)
+marker = air.output_dir() / "planted"
+if not marker.exists():
+    os.symlink(sys.argv[1], here + ".lnk")
+    os.replace(here + ".lnk", here)
+    marker.write_text("")
+    print("planted", flush=True)
+    while not air.should_stop():
+        time.sleep(0.05)
+    air.exit_stopped()
+print("placed again, code is a link:", os.path.islink(here), flush=True)
+air.shutdown()
+"""
+
+QUICK = """
+import time
+import air_sdk.runtime as air
+air.init()
+time.sleep(1)
+air.shutdown()
+"""
+
+
+def test_placing_a_job_again_never_writes_its_code_through_a_link_it_planted(
+    gateway_process, members
+):
+    home = gateway_process.log_path.parent
+    target = home / "gateway-file.txt"
+    target.write_text("the gateway's own\n")
+    tenant = members["attacker"]
+    low = tenant.submit(
+        JobSpec(code=PLANTER, args=[str(target)], resources=Resources(nodes=2), priority="low")
+    )
+    code_file = home / "jobs" / low.id / "code" / "__air_main__.py"
+    wait_for(code_file.is_symlink, 180, "the job's link in place of its code")
+    high = tenant.submit(JobSpec(code=QUICK, resources=Resources(nodes=1), priority="high"))
+    assert high.wait(timeout=180).state is JobState.SUCCEEDED
+    record = low.wait(timeout=240)
+    lines = [line.text for line in low.logs()]
+    assert target.read_text() == "the gateway's own\n"  # not the job's code
+    assert record.state is JobState.SUCCEEDED, (record.state_reason, lines)
+    assert len(low.attempts()) == 2  # it was placed again
+    assert "placed again, code is a link: False" in lines
+    assert not code_file.is_symlink() and code_file.read_text() == PLANTER
