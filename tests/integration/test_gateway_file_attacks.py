@@ -171,3 +171,71 @@ def test_placing_a_job_again_never_writes_its_code_through_a_link_it_planted(
     assert len(low.attempts()) == 2  # it was placed again
     assert "placed again, code is a link: False" in lines
     assert not code_file.is_symlink() and code_file.read_text() == PLANTER
+
+
+# Saves a checkpoint, then swaps its committed `.metadata` for a pickle that creates a
+# file when loaded, and fixes the manifest's size and sha256 to match.
+POISONER = """
+import hashlib, json, os, pickle, sys
+import torch
+import air_sdk.runtime as air
+air.init()
+air.checkpoint.save({"model": torch.nn.Linear(2, 2)}, step=1, block=True)
+air.checkpoint.wait()
+class Boom:
+    def __reduce__(self):
+        return (open, (sys.argv[1], "w"))
+step = os.path.join(os.environ["AIR_CHECKPOINT_DIR"], "step-1")
+raw = pickle.dumps(Boom())
+with open(os.path.join(step, ".metadata"), "wb") as f:
+    f.write(raw)
+manifest = json.load(open(os.path.join(step, "manifest.json")))
+for entry in manifest["files"]:
+    if entry["path"] == ".metadata":
+        entry.update(size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+with open(os.path.join(step, "manifest.json"), "w") as f:
+    json.dump(manifest, f)
+print("poisoned", flush=True)
+air.shutdown()
+"""
+
+
+def test_export_never_unpickles_a_job_written_metadata(gateway_process, members, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    marker = tmp_path / "created-by-the-job-s-pickle"
+    tenant = members["attacker"]
+    job = tenant.submit(JobSpec(code=POISONER, args=[str(marker)], resources=Resources(nodes=1)))
+    record = job.wait(timeout=240)
+    lines = [line.text for line in job.logs()]
+    assert record.state is JobState.SUCCEEDED and "poisoned" in lines, lines
+    assert not marker.exists()
+    env = {
+        **os.environ,
+        "AIR_GATEWAY_URL": gateway_process.url,
+        "AIR_TOKEN": members["attacker-token"],
+    }
+    env.pop("AIR_CONFIG_FILE", None)
+    out = tmp_path / "model.safetensors"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "air_sdk.cli.main",
+            "checkpoints",
+            "export",
+            job.id,
+            "--to",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said
+    assert "is not DCP metadata" in said and "io.open" in said, said
+    assert not marker.exists() and not out.exists()
