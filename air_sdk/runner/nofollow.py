@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 
 from air_sdk.errors import UnsafePathError
 
-__all__ = ["iter_files", "open_dir", "open_file", "parts_of", "replace_file"]
+__all__ = ["iter_files", "open_append", "open_dir", "open_file", "parts_of", "replace_file"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO the job made must not hang a gateway thread
@@ -94,10 +94,7 @@ def _open_below(dir_fd: int, parts: tuple[str, ...], shown: str, *, create: bool
         for part in parts:
             try:
                 if create:
-                    try:
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass
+                    _make_dir(fd, part)
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 raise _refusal(fd, part, shown, exc, "a directory") from None
@@ -109,11 +106,30 @@ def _open_below(dir_fd: int, parts: tuple[str, ...], shown: str, *, create: bool
     return fd
 
 
+def _is_link(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def _make_dir(dir_fd: int, name: str) -> None:
+    """`name` made a directory in `dir_fd`: a link in its place (planted) is removed
+    first, never followed."""
+    if _is_link(dir_fd, name):
+        os.unlink(name, dir_fd=dir_fd)
+    try:
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+
+
 def open_dir(base: Path, relative: str | PurePosixPath = "", *, create: bool = False) -> int:
     """The fd (O_DIRECTORY) of `base / relative`: `base` is the gateway's own and opened
     as named; every component of `relative` is opened with O_NOFOLLOW below it, so a
     directory a job swapped for a link is refused (`UnsafePathError`); a missing one
-    raises FileNotFoundError. The caller closes the fd.
+    raises FileNotFoundError. With `create`, missing directories are made and a link
+    in the place of one is removed and made a directory. The caller closes the fd.
 
     Example:
         >>> os.close(open_dir(Path("/"), "tmp"))
@@ -204,3 +220,37 @@ def replace_file(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None
         except OSError:
             pass
         raise
+
+
+def open_append(base: Path, relative: str | PurePosixPath, mode: int = 0o600) -> int:
+    """A write-only O_APPEND fd of the file `base / relative`, made with its directories
+    when missing, for a log the gateway writes into a directory a job can write: every
+    component below `base` opened with O_NOFOLLOW, and a link planted in the place of
+    a directory or of the file removed and made anew, never written through.
+
+    Example:
+        >>> import tempfile
+        >>> base = Path(tempfile.mkdtemp())
+        >>> os.makedirs(base / "a"); os.symlink("/etc/passwd", base / "a" / "x.log")
+        >>> fd = open_append(base, "a/x.log"); _ = os.write(fd, b"hi"); os.close(fd)
+        >>> (base / "a" / "x.log").is_symlink(), (base / "a" / "x.log").read_text()
+        (False, 'hi')
+    """
+    parts = parts_of(relative)
+    parent = open_dir(base, PurePosixPath(*parts[:-1]) if parts[1:] else "", create=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(parts[-1], flags | os.O_NONBLOCK, mode, dir_fd=parent)
+        except OSError:
+            if not _is_link(parent, parts[-1]):
+                raise
+            os.unlink(parts[-1], dir_fd=parent)
+            fd = os.open(parts[-1], flags | os.O_EXCL, mode, dir_fd=parent)
+    finally:
+        os.close(parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(f"{str(relative)!r} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd

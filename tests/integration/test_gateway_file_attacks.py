@@ -239,3 +239,47 @@ def test_export_never_unpickles_a_job_written_metadata(gateway_process, members,
     assert run.returncode != 0, said
     assert "is not DCP metadata" in said and "io.open" in said, said
     assert not marker.exists() and not out.exists()
+
+
+# Its first attempt plants the next attempt's directory as a link to one of its own,
+# holding the node log as a link to a file of the gateway's, then fails; the second
+# attempt just finishes.
+LOG_PLANTER = """
+import os, sys
+import air_sdk.runtime as air
+air.init()
+attempts = os.path.join(os.path.dirname(os.getcwd()), "attempts")
+marker = air.output_dir() / "planted"
+if not marker.exists():
+    nodes = os.path.join(attempts, "elsewhere", "nodes")
+    os.makedirs(nodes)
+    os.symlink(sys.argv[1], os.path.join(nodes, os.environ["AIR_NODE_NAME"] + ".log"))
+    os.symlink(os.path.join(attempts, "elsewhere"), os.path.join(attempts, "2"))
+    marker.write_text("")
+    print("planted " + nodes, flush=True)
+    sys.exit(3)
+print("the second attempt runs", flush=True)
+air.shutdown()
+"""
+
+
+def test_the_node_runner_never_appends_its_log_through_a_link_the_job_planted(
+    gateway_process, members
+):
+    home = gateway_process.log_path.parent
+    target = home / "gateway-log-target.txt"
+    target.write_text("the gateway's own\n")
+    job = members["attacker"].submit(
+        JobSpec(code=LOG_PLANTER, args=[str(target)], resources=Resources(nodes=1), max_restarts=1)
+    )
+    record = job.wait(timeout=240)
+    lines = [line.text for line in job.logs()]
+    assert target.read_text() == "the gateway's own\n"  # no rank output appended
+    assert record.state is JobState.SUCCEEDED, (record.state_reason, lines)
+    assert any(t.startswith("planted ") for t in lines)
+    assert "the second attempt runs" in lines
+    second = home / "jobs" / job.id / "attempts" / "2"
+    assert not second.is_symlink()
+    logs = list((second / "nodes").iterdir())
+    assert logs and all(p.is_file() and not p.is_symlink() for p in logs)
+    assert "the second attempt runs" in logs[0].read_text()
