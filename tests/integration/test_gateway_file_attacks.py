@@ -283,3 +283,26 @@ def test_the_node_runner_never_appends_its_log_through_a_link_the_job_planted(
     logs = list((second / "nodes").iterdir())
     assert logs and all(p.is_file() and not p.is_symlink() for p in logs)
     assert "the second attempt runs" in logs[0].read_text()
+
+
+# Leaves a FIFO where the controller looks for its ranks' exit records, then fails.
+FIFO_PLANTER = """
+import os, sys
+import air_sdk.runtime as air
+air.init()
+exits = os.path.join(os.path.dirname(os.getcwd()), "attempts", os.environ["AIR_ATTEMPT"], "exits")
+os.makedirs(exits, exist_ok=True)
+os.mkfifo(os.path.join(exits, "rank-7.json"))
+print("fifo planted", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_fifo_among_the_exit_records_does_not_hang_the_job_s_controller(members):
+    job = members["attacker"].submit(
+        JobSpec(code=FIFO_PLANTER, resources=Resources(nodes=1), max_restarts=0)
+    )
+    record = job.wait(timeout=180)  # the controller read the FIFO and waited forever
+    lines = [line.text for line in job.logs()]
+    assert record.state is JobState.FAILED and "fifo planted" in lines, lines
+    assert "exit code 3" in (record.state_reason or ""), record.state_reason
