@@ -3,6 +3,8 @@
 ```
 AirError
 ├── ConfigError             settings or config file are wrong or missing
+│   └── UnsafePathError       a path in a job's directory is a link, climbs out, or is
+│                             not a regular file: the gateway refuses to follow it
 ├── SpecError (ValueError)  a JobSpec is invalid; raised on the client, before upload
 │   └── CellCaptureError      a cell, or a function and its arguments, cannot travel
 ├── BundleError             packaging or unpacking job code
@@ -51,6 +53,7 @@ __all__ = [
     "SpecError",
     "TransportError",
     "UnsafeBundleError",
+    "UnsafePathError",
 ]
 
 
@@ -70,6 +73,12 @@ class AirError(Exception):
 
 class ConfigError(AirError):
     """Settings are missing or wrong (config file, env vars)."""
+
+
+class UnsafePathError(ConfigError):
+    """A path inside a directory a job can write is a symlink, climbs out with `..`, or
+    is not the kind of file asked for; the gateway neither follows nor serves it
+    (`air_sdk.runner.nofollow`)."""
 
 
 class SpecError(AirError, ValueError):

@@ -1,7 +1,9 @@
 """The gateway's FastAPI application: auth, error shape, and the pieces routes share.
 
-Routes are thin: HTTP in, one call to the store or runner, HTTP out. Decisions
-live in `air_sdk.scheduler` and `air_sdk.runner`.
+Routes are thin: HTTP in, one call to the store, runner or a service
+(`air_sdk.gateway.services`), HTTP out. Decisions live in `air_sdk.scheduler`,
+`air_sdk.runner` and the services; an `AirError` becomes an answer in one place
+(`air_sdk.gateway.translate`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import air_sdk
 from air_sdk.gateway.bodies import add_body_schemas, describe_errors
 from air_sdk.gateway.options import SecurityOptions
 from air_sdk.gateway.security import install
+from air_sdk.gateway.translate import install_translator
 from air_sdk.runner import Runner
 from air_sdk.schema import ErrorBody
 from air_sdk.store import DEFAULT_TENANT, SqliteStore
@@ -177,6 +180,7 @@ def create_app(
         # a bounded number of them, and never the input (see air_sdk.gateway.bodies).
         return JSONResponse({"detail": describe_errors(exc.errors())}, status_code=422)
 
+    install_translator(app)
     app.include_router(routes.router)
     app.include_router(routes.worker_router)
     app.include_router(admin.router)

@@ -19,7 +19,7 @@ Example:
     >>> parse_model(TenantCreate, b'{"nmae": "acme"}')
     Traceback (most recent call last):
     ...
-    fastapi.exceptions.HTTPException: 422: name: Field required; nmae: Extra inputs are not permitted
+    air_sdk.errors.ApiError: name: Field required; nmae: Extra inputs are not permitted (HTTP 422)
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from email.message import Message
 from typing import Any, TypeVar
 
-from fastapi import HTTPException
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
+
+from air_sdk.errors import ApiError
 
 __all__ = [
     "MAX_ERROR_CHARS",
@@ -83,18 +84,18 @@ def add_body_schemas(openapi: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_model(model: type[_M], body: bytes, content_type: str | None = None) -> _M:
-    """`body` as a `model`, or HTTPException 422 whose detail says what to change.
+    """`body` as a `model`, or an `ApiError` (422) whose message says what to change.
     Blocking (jiter parses under the GIL): call it from a worker thread."""
     if content_type and not _is_json(content_type):
-        raise HTTPException(
+        raise ApiError(
             422, f"the body must be JSON (Content-Type: application/json), not {content_type:.60}"
         )
     if not body:
-        raise HTTPException(422, f"the body is empty: send a {model.__name__} as JSON")
+        raise ApiError(422, f"the body is empty: send a {model.__name__} as JSON")
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
-        raise HTTPException(422, describe_validation_error(exc)) from None
+        raise ApiError(422, describe_validation_error(exc)) from None
 
 
 def _is_json(content_type: str) -> bool:

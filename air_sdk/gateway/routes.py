@@ -1,27 +1,20 @@
-"""HTTP routes: translate a request into one store/runner call and the answer back."""
+"""HTTP routes: translate a request into one store, runner or service call and the
+answer back. The work is in `air_sdk.gateway.services`; an `AirError` raised there
+becomes the answer's status in one place (`air_sdk.gateway.translate`)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import ValidationError
 
 import air_sdk
-from air_sdk.bundle import DEFAULT_MAX_BYTES, unpack_bundle
-from air_sdk.errors import BundleError, BundleTooLargeError
+from air_sdk.errors import AuthError, NotFoundError
 from air_sdk.gateway.app import (
     ERROR_RESPONSES,
     CtxDep,
@@ -31,22 +24,20 @@ from air_sdk.gateway.app import (
     bearer_token,
     get_ctx,
 )
-from air_sdk.gateway.bodies import describe_validation_error, json_body, parse_model
+from air_sdk.gateway.bodies import json_body
+from air_sdk.gateway.services.bundles import checked_sha256, store_bundle
+from air_sdk.gateway.services.reports import ingest_report
+from air_sdk.gateway.services.submit import check_idempotency_key, submit_job
 from air_sdk.gateway.streams import StreamSlot, job_event_stream
-from air_sdk.gateway.tenancy import check_submit, cluster_view
-from air_sdk.planner.refusal import submit_refusal
-from air_sdk.redact import Redactor, redact_env
-from air_sdk.runner import job_paths
+from air_sdk.gateway.tenancy import cluster_view
+from air_sdk.redact import redact_env
 from air_sdk.runner.accounting import Accounting, AttemptTimes, account
-from air_sdk.runner.service import spec_request
-from air_sdk.scheduler import fits_ever
 from air_sdk.schema import (
     AttemptList,
     BundleInfo,
     CheckpointList,
     EventPage,
     EventType,
-    FunctionResult,
     Health,
     Inventory,
     JobList,
@@ -55,11 +46,8 @@ from air_sdk.schema import (
     JobState,
     LogPage,
     MetricsPage,
-    WorkerReport,
 )
-from air_sdk.schema.events import CheckpointRestore
-from air_sdk.schema.names import IDEMPOTENCY_KEY, JOB_ID, SHA256, is_valid, shown
-from air_sdk.store import IdempotencyConflict
+from air_sdk.schema.names import JOB_ID, is_valid, shown
 from air_sdk.store.pages import (
     LOG_PAGE_LINES,
     METRIC_PAGE_POINTS,
@@ -76,7 +64,7 @@ SSE_POLL_S = 0.1
 def _job_or_404(ctx: CtxDep, principal: Principal, job_id: str) -> JobRecord:
     job = ctx.store.get_job(job_id, tenant=principal.tenant) if is_valid(JOB_ID, job_id) else None
     if job is None:
-        raise HTTPException(404, f"no job {shown(job_id)}: list yours with `air jobs`")
+        raise NotFoundError(404, f"no job {shown(job_id)}: list yours with `air jobs`")
     return job
 
 
@@ -116,12 +104,6 @@ def _with_queue_position(ctx: CtxDep, job: JobRecord) -> JobRecord:
     return job.model_copy(update={"queue_position": position, "queue_reason": reason})
 
 
-def _sha_or_400(sha256: str) -> str:
-    if not is_valid(SHA256, sha256):
-        raise HTTPException(400, "a bundle id is the sha256 of its bytes: 64 lowercase hex digits")
-    return sha256
-
-
 @router.get("/health", response_model=Health)
 def health() -> Health:
     return Health(version=air_sdk.__version__)
@@ -132,7 +114,7 @@ def health() -> Health:
 
 @router.head("/bundles/{sha256}")
 def has_bundle(sha256: str, ctx: CtxDep, principal: PrincipalDep) -> Response:
-    found = ctx.store.get_bundle(principal.tenant, _sha_or_400(sha256))
+    found = ctx.store.get_bundle(principal.tenant, checked_sha256(sha256))
     return Response(status_code=200 if found else 404)
 
 
@@ -140,49 +122,7 @@ def has_bundle(sha256: str, ctx: CtxDep, principal: PrincipalDep) -> Response:
 async def put_bundle(
     sha256: str, request: Request, ctx: CtxDep, principal: PrincipalDep
 ) -> BundleInfo:
-    _sha_or_400(sha256)
-    existing = ctx.store.get_bundle(principal.tenant, sha256)
-    if existing is not None:
-        return BundleInfo(sha256=sha256, size=existing["size"], num_files=existing["num_files"])
-    ctx.bundles_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    size = 0
-    fd, tmp = tempfile.mkstemp(dir=ctx.bundles_dir, suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > DEFAULT_MAX_BYTES:
-                    raise HTTPException(
-                        413,
-                        f"the bundle is over {DEFAULT_MAX_BYTES >> 20} MiB: add large files"
-                        " to .airignore and read them from shared storage",
-                    )
-                digest.update(chunk)
-                f.write(chunk)
-        if digest.hexdigest() != sha256:
-            raise HTTPException(400, "the uploaded bytes do not hash to the sha256 in the URL")
-        num_files = await run_in_threadpool(_check_bundle, tmp)
-        final = ctx.bundles_dir / f"{sha256}.tar.gz"
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    ctx.store.add_bundle(principal.tenant, sha256, size, num_files, str(final))
-    return BundleInfo(sha256=sha256, size=size, num_files=num_files)
-
-
-def _check_bundle(path: str) -> int:
-    """Unpack into a scratch dir, so a malicious archive is refused at upload."""
-    scratch = tempfile.mkdtemp(prefix="air-bundle-check-")
-    try:
-        return unpack_bundle(Path(path), Path(scratch) / "x")
-    except BundleError as exc:
-        # Over the size or file-count limit: 413; unsafe or broken: 400.
-        status = 413 if isinstance(exc, BundleTooLargeError) else 400
-        raise HTTPException(status, f"bundle refused: {exc}") from exc
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    return await store_bundle(ctx, principal.tenant, sha256, request.stream())
 
 
 # ---- jobs ---------------------------------------------------------------------------------
@@ -198,10 +138,7 @@ async def submit(
 ) -> JobRecord:
     """Submit a JobSpec (the body). It is read once the token is checked and parsed in a
     worker thread, so a huge or malformed body never holds the event loop."""
-    if idempotency_key is not None and not is_valid(IDEMPOTENCY_KEY, idempotency_key):
-        raise HTTPException(
-            400, "Idempotency-Key must be 1-200 printable ASCII characters (a uuid4 is fine)"
-        )
+    check_idempotency_key(idempotency_key)
     body = await request.body()
     content_type = request.headers.get("content-type")
     return await run_in_threadpool(
@@ -217,36 +154,8 @@ def _submit(
     idempotency_key: str | None,
     response: Response,
 ) -> JobRecord:
-    spec = parse_model(JobSpec, body, content_type)
-    if spec.entrypoint is not None and spec.bundle_sha256 is None:
-        raise HTTPException(
-            400, "an entrypoint job needs its code: upload a bundle and set bundle_sha256"
-        )
-    if spec.bundle_sha256 and ctx.store.get_bundle(principal.tenant, spec.bundle_sha256) is None:
-        raise HTTPException(
-            400, f"bundle {spec.bundle_sha256} was not uploaded: PUT it to /v1/bundles first"
-        )
-    inventory = ctx.runner.backend.inventory()
-    never = fits_ever(spec_request("new", spec), inventory)
-    if never is not None:
-        raise HTTPException(400, never)
-    too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])
-    if too_big is not None:
-        raise HTTPException(400, too_big)
-    if (bad_path := job_paths.submit_refusal(spec, ctx.runner.backend)) is not None:
-        raise HTTPException(400, bad_path)  # checked again at launch
-    check_submit(ctx, principal, spec)
-    try:
-        job, created = ctx.store.create_job(
-            spec, tenant=principal.tenant, idempotency_key=idempotency_key
-        )
-    except IdempotencyConflict as exc:
-        raise HTTPException(
-            422, "this Idempotency-Key was used with a different job spec: use a new key"
-        ) from exc
-    if created:
-        ctx.runner.wake()
-    else:
+    job, created = submit_job(ctx, principal, body, content_type, idempotency_key)
+    if not created:
         response.status_code = 200
     return _with_queue_position(ctx, job)
 
@@ -410,83 +319,9 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
     ctx = get_ctx(request)
     token = bearer_token(request)
     if token is None or not is_valid(JOB_ID, job_id):
-        raise HTTPException(401, "a worker report needs the attempt's AIR_JOB_TOKEN")
+        raise AuthError(401, "a worker report needs the attempt's AIR_JOB_TOKEN")
     body = await request.body()
     # One hop to a worker thread for the whole report: the profile of this route had
     # two hand-offs per report as its largest single cost (23%).
-    await run_in_threadpool(_ingest_report, ctx, job_id, attempt, token, body)
+    await run_in_threadpool(ingest_report, ctx, job_id, attempt, token, body)
     return Response(status_code=204)
-
-
-def _ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, body: bytes) -> None:
-    verdict = ctx.store.check_worker_token(job_id, attempt, token)
-    if verdict == "invalid":
-        raise HTTPException(401, "the worker token does not belong to this job and attempt")
-    if verdict == "stale":
-        raise HTTPException(409, f"attempt {attempt} is no longer current; stop posting")
-    try:
-        report = WorkerReport.model_validate_json(body)
-    except ValidationError as exc:
-        raise HTTPException(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
-    if report.lines or report.exit is not None or report.checkpoints or report.result is not None:
-        report = _scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
-    for record in report.checkpoints:
-        if isinstance(record, CheckpointRestore):
-            ctx.store.set_resumed_from(job_id, attempt, record.step)
-    step = report.heartbeat_step
-    if step is None and report.points:
-        step = report.points[-1].step
-    progress = bool(report.points) or report.heartbeat_step is not None
-    active = bool(report.lines) or report.busy
-    ctx.store.append_worker_events(
-        job_id,
-        attempt,
-        report.rank,
-        report.payloads(),
-        step,
-        progress=progress,
-        active=active,
-        finished=report.finished,
-    )
-
-
-def _scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:
-    """The report with the job's secret env values and any token replaced in its text
-    (output lines, exit tails, checkpoint records, a function's error), before anything
-    is stored; a function's return value holding one is refused (`_scrubbed_result`)."""
-    update: dict[str, object] = {}
-    if report.lines:
-        update["lines"] = redactor.lines(report.lines)
-    if report.exit is not None and report.exit.tail:
-        update["exit"] = report.exit.model_copy(update={"tail": redactor.lines(report.exit.tail)})
-    if report.checkpoints:
-        update["checkpoints"] = [
-            type(c).model_validate(redactor.value(c.model_dump(mode="json")))
-            for c in report.checkpoints
-        ]
-    if report.result is not None:
-        update["result"] = _scrubbed_result(report.result, redactor)
-    return report.model_copy(update=update) if update else report
-
-
-def _scrubbed_result(result: FunctionResult, redactor: Redactor) -> FunctionResult:
-    """A function's error texts scrubbed; a return value holding a secret is refused
-    (a pickle cannot be edited), so it never reaches the event log."""
-    if result.value_b64:
-        try:
-            raw = base64.b64decode(result.value_b64, validate=True)
-        except binascii.Error as exc:
-            raise HTTPException(422, f"result.value_b64 is not base64: {exc}") from exc
-        text = raw.decode("latin-1")  # byte for byte, so an ASCII secret is found as is
-        if redactor.text(text) != text:
-            raise HTTPException(
-                422,
-                "the return value holds a secret of the job's environment or an AIR token;"
-                " return something else (read secrets from os.environ where they are used)",
-            )
-    update = {
-        key: redactor.text(text)
-        for key, text in (("error", result.error), ("traceback", result.traceback))
-        if text
-    }
-    return result.model_copy(update=update) if update else result

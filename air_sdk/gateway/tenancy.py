@@ -15,8 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from fastapi import HTTPException
-
+from air_sdk.errors import ApiError, ConflictError
 from air_sdk.gateway.app import GatewayContext, Principal
 from air_sdk.scheduler.tenancy import priority_refusal, queue_refusal
 from air_sdk.schema import GpuInfo, Inventory, JobSpec, JobState, NodeInfo
@@ -25,15 +24,16 @@ __all__ = ["check_submit", "cluster_view"]
 
 
 def check_submit(ctx: GatewayContext, principal: Principal, spec: JobSpec) -> None:
-    """Refuse (403, or 409 for a full queue) what this tenant may not submit."""
+    """Refuse (`ApiError` 403, or a `ConflictError` 409 for a full queue) what this
+    tenant may not submit."""
     policy = ctx.runner.policy
     if not principal.is_system_admin:
         refusal = priority_refusal(policy, principal.tenant, spec.priority)
         if refusal is not None:
-            raise HTTPException(403, refusal)
+            raise ApiError(403, refusal)
     cap = ctx.runner.max_preemption_grace_s
     if spec.failure.preemption_grace_s > cap:
-        raise HTTPException(
+        raise ApiError(
             403,
             f"preemption_grace_s={spec.failure.preemption_grace_s:g} is over this gateway's"
             f" cap of {cap:g} s: set failure.preemption_grace_s to {cap:g} or less (the"
@@ -42,7 +42,7 @@ def check_submit(ctx: GatewayContext, principal: Principal, spec: JobSpec) -> No
     queued = ctx.store.count_jobs(tenant=principal.tenant, states=(JobState.QUEUED,))
     full = queue_refusal(policy, principal.tenant, queued)
     if full is not None:
-        raise HTTPException(409, full)
+        raise ConflictError(409, full)
 
 
 def cluster_view(ctx: GatewayContext, principal: Principal) -> Inventory:

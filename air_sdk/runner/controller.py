@@ -8,7 +8,6 @@ Decisions come from policy objects (`RestartPolicy`, `HangPolicy`,
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -561,16 +560,15 @@ class JobController:
         ):
             e = ev.payload_as(RankExit)
             exits[e.rank] = (e.ended_at or ev.ts, e)
-        exit_dir = self.paths.attempt(self.attempt) / "exits"
-        if exit_dir.is_dir():
-            for f in exit_dir.glob("rank-*.json"):
-                try:
-                    e = RankExit.model_validate(json.loads(f.read_text()))
-                    ts = e.ended_at or f.stat().st_mtime
-                except (OSError, ValueError):
-                    continue
-                if e.rank not in exits or ts < exits[e.rank][0]:
-                    exits[e.rank] = (ts, e)
+        # read by fd, links and FIFOs skipped: the job writes this directory
+        for raw, mtime in self.paths.exit_records(self.attempt):
+            try:
+                e = RankExit.model_validate_json(raw)
+                ts = e.ended_at or mtime
+            except ValueError:
+                continue
+            if e.rank not in exits or ts < exits[e.rank][0]:
+                exits[e.rank] = (ts, e)
         return exits
 
     def _node_tails(self, handle: AttemptHandle | None) -> dict[str, list[str]]:

@@ -10,11 +10,15 @@ Example:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from air_sdk.errors import UnsafePathError
 from air_sdk.runner.node.launch import MODULE_PREFIX
+from air_sdk.runner.nofollow import open_dir, open_file, replace_file
 from air_sdk.schema import JobSpec
 
 if TYPE_CHECKING:
@@ -22,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["INLINE_ENTRYPOINT", "JobPaths", "entrypoint_of", "prepare_code"]
 
+#: the most bytes read of one rank's exit record (a few KiB with its output tail)
+MAX_EXIT_RECORD_BYTES = 1 << 20
 #: the file an inline-code job (`JobSpec.code`) runs, written into its code dir
 INLINE_ENTRYPOINT = "__air_main__.py"
 
@@ -46,12 +52,40 @@ class JobPaths:
     def attempt(self, n: int) -> Path:
         return self.root / "attempts" / str(n)
 
+    def exit_records(self, n: int) -> Iterator[tuple[bytes, float]]:
+        """(bytes, mtime) of each `rank-*.json` the ranks' supervisors wrote under
+        attempt `n`'s `exits/`. The job writes that directory: a link, a FIFO or a
+        device there is skipped (read by fd, `O_NOFOLLOW`, regular files only, at most
+        `MAX_EXIT_RECORD_BYTES`), so it can neither point the gateway at other files
+        nor hang it on a read.
+
+        Example:
+            >>> list(JobPaths(Path("/nonexistent")).exit_records(1))
+            []
+        """
+        try:
+            exits = open_dir(self.root, f"attempts/{n}/exits")
+        except (OSError, UnsafePathError):
+            return
+        try:
+            for name in sorted(os.listdir(exits)):
+                if not (name.startswith("rank-") and name.endswith(".json")):
+                    continue
+                try:
+                    with os.fdopen(open_file(exits, name), "rb") as f:
+                        yield f.read(MAX_EXIT_RECORD_BYTES), os.fstat(f.fileno()).st_mtime
+                except (OSError, UnsafePathError):
+                    continue
+        finally:
+            os.close(exits)
+
 
 def prepare_code(
     paths: JobPaths, spec: JobSpec, bundle: Path | None, cache: BundleCache | None
 ) -> None:
     """Build `paths.code` unless it exists: the bundle's files linked from `cache` (or
-    unpacked when there is none), plus the inline code as `INLINE_ENTRYPOINT`."""
+    unpacked when there is none), plus the inline code as `INLINE_ENTRYPOINT`, written
+    anew each time without following a link the job left in its place."""
     from air_sdk.bundle import unpack_bundle
 
     code = paths.code
@@ -65,7 +99,14 @@ def prepare_code(
         else:
             code.mkdir(parents=True)
     if spec.code is not None:
-        (code / INLINE_ENTRYPOINT).write_text(spec.code)
+        # The job's ranks can write its code dir: when the job is placed again, the file
+        # may be a link they planted. Replace the name (a fresh file renamed over it)
+        # in the dir opened by fd, never write through it (issue 19).
+        code_fd = open_dir(paths.root, code.relative_to(paths.root).as_posix())
+        try:
+            replace_file(code_fd, INLINE_ENTRYPOINT, spec.code.encode())
+        finally:
+            os.close(code_fd)
 
 
 def entrypoint_of(spec: JobSpec, paths: JobPaths | None = None) -> str:

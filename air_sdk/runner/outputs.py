@@ -9,8 +9,11 @@ It lies outside `<home>/jobs/`, so retention (`air gc`) never deletes it.
 
 The gateway serves only a directory it chose itself (never a job's own
 `output_dir`, which could name any of the gateway's files), and only regular files
-inside it: a path with `..`, an absolute path, or a symlink that leads out of the
-directory is refused.
+inside it. The job writes that directory while the gateway reads it, so nothing is
+checked by name and then opened by name (a job swapping a file for a link wins that
+race): `OutputDir` holds the directory open by fd, walked down from the gateway's own
+base with O_NOFOLLOW, and every file is opened relative to it, checked with `fstat`
+and served from that fd (`air_sdk.runner.nofollow`).
 
 Example:
     >>> default_output_dir(job_id="j1", home=Path("/home/air"), storage=None)
@@ -22,13 +25,14 @@ Example:
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
-from air_sdk.errors import ConfigError
+from air_sdk.errors import UnsafePathError
+from air_sdk.runner.nofollow import iter_files, open_dir, open_file
 from air_sdk.schema.outputs import OutputFile
 
-__all__ = ["OUTPUTS_DIR", "checked_root", "default_output_dir", "list_outputs", "output_file"]
+__all__ = ["OUTPUTS_DIR", "OutputDir", "default_output_dir", "list_outputs"]
 
 #: under the gateway's home: one directory per job
 OUTPUTS_DIR = "outputs"
@@ -49,21 +53,76 @@ def default_output_dir(*, job_id: str, home: Path, storage: str | None) -> str:
     return str(home / OUTPUTS_DIR / job_id)
 
 
-def checked_root(root: Path, base: Path) -> Path:
-    """`root`, once it is known to lie inside `base` (the gateway's outputs directory
-    or the shared storage) with every link resolved: a job that swapped its directory
-    for a symlink to elsewhere gets a `ConfigError`, not the gateway's files.
+class OutputDir:
+    """A job's output directory, held open by fd for listing and reading its files.
+
+    `root` must lie under `base` (the gateway's outputs directory or the shared
+    storage); each component between them is opened with O_NOFOLLOW, so a directory
+    the job swapped for a link is refused with an `UnsafePathError` rather than
+    followed. A root that does not exist yet is an empty directory.
 
     Example:
-        >>> checked_root(Path("/h/outputs/j1"), Path("/h/outputs"))
-        PosixPath('/h/outputs/j1')
+        >>> import tempfile
+        >>> base = Path(tempfile.mkdtemp()); (base / "j1").mkdir()
+        >>> _ = (base / "j1" / "x.txt").write_text("hi")
+        >>> with OutputDir.open(base / "j1", base) as out:
+        ...     [f.path for f in out.files()], out.open_file("x.txt").read()
+        (['x.txt'], b'hi')
     """
-    if not root.resolve().is_relative_to(base.resolve()) or root.is_symlink():
-        raise ConfigError(
-            f"the output directory {root} leads out of {base}: it was replaced by a link;"
-            " read it on the nodes"
-        )
-    return root
+
+    def __init__(self, fd: int | None, path: Path) -> None:
+        self._fd = fd
+        self.path = path
+
+    @classmethod
+    def open(cls, root: Path, base: Path) -> OutputDir:
+        if not root.is_relative_to(base):
+            raise UnsafePathError(f"the output directory {root} is not under {base}")
+        relative = root.relative_to(base).as_posix()
+        try:
+            fd = open_dir(base, relative)
+        except FileNotFoundError:
+            return cls(None, root)  # the job wrote nothing yet
+        except UnsafePathError:
+            raise UnsafePathError(
+                f"the output directory {root} leads out of {base}: it was replaced by a"
+                " link; read it on the nodes"
+            ) from None
+        return cls(fd, root)
+
+    def files(self) -> list[OutputFile]:
+        """The regular files, sorted by path; links are neither listed nor entered."""
+        if self._fd is None:
+            return []
+        found = [
+            OutputFile(path=rel, bytes=st.st_size, mtime=st.st_mtime)
+            for rel, st in iter_files(self._fd)
+        ]
+        return sorted(found, key=lambda f: f.path)
+
+    def open_file(self, relative: str) -> BinaryIO:
+        """The file `relative` names, open for reading (the caller closes it): an
+        `UnsafePathError` saying why for a path that is absolute, climbs with `..`,
+        passes through a symlink, or is not a regular file."""
+        try:
+            if self._fd is None:
+                raise FileNotFoundError(relative)
+            return os.fdopen(open_file(self._fd, relative), "rb")
+        except FileNotFoundError:
+            raise UnsafePathError(
+                f"{relative!r} is not a file of the job's output directory"
+            ) from None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> OutputDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def list_outputs(root: Path) -> list[OutputFile]:
@@ -76,53 +135,5 @@ def list_outputs(root: Path) -> list[OutputFile]:
         >>> [(f.path, f.bytes) for f in list_outputs(d)]
         [('a/x.txt', 2)]
     """
-    if not root.is_dir():
-        return []
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):  # os.walk does not follow links
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(full)
-            except OSError:
-                continue  # removed while we walked
-            if stat.S_ISREG(st.st_mode):
-                rel = Path(full).relative_to(root).as_posix()
-                found.append(OutputFile(path=rel, bytes=st.st_size, mtime=st.st_mtime))
-        dirnames.sort()
-    return sorted(found, key=lambda f: f.path)
-
-
-def output_file(root: Path, relative: str) -> Path:
-    """The file `relative` names under `root`, checked: a `ConfigError` saying why for a
-    path that is absolute, climbs with `..`, passes through a symlink, or is not a
-    regular file.
-
-    Example:
-        >>> output_file(Path("/h/outputs/j1"), "../j2/secret")
-        Traceback (most recent call last):
-        ...
-        air_sdk.errors.ConfigError: '../j2/secret' is not a path inside the job's output directory
-    """
-    parts = PurePosixPath(relative).parts
-    if (
-        not relative
-        or "\x00" in relative
-        or relative.startswith("/")
-        or "\\" in relative
-        or any(p in ("..", ".") for p in parts)
-    ):
-        raise ConfigError(f"{relative!r} is not a path inside the job's output directory")
-    path = root
-    for part in parts:
-        path = path / part
-        if path.is_symlink():
-            raise ConfigError(
-                f"{relative!r} is a symlink; only the directory's own files are served"
-            )
-    if not path.is_file():
-        raise ConfigError(f"{relative!r} is not a file of the job's output directory")
-    # a link above root itself, or a hard-to-see rename race, still must stay inside it
-    if not path.resolve().is_relative_to(root.resolve()):
-        raise ConfigError(f"{relative!r} leads out of the job's output directory")
-    return path
+    with OutputDir.open(root, root.parent) as out:
+        return out.files()

@@ -23,7 +23,9 @@ import tempfile
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from air_sdk.runner.nofollow import open_append, open_dir
 
 __all__ = [
     "AttemptRecord",
@@ -31,6 +33,7 @@ __all__ = [
     "RunnerRecord",
     "failure_marks",
     "log_tail",
+    "open_node_log",
     "read_json",
     "write_json",
 ]
@@ -145,3 +148,30 @@ def log_tail(path: Path, num_lines: int = 20) -> list[str]:
             return [line.rstrip("\n") for line in deque(f, maxlen=num_lines)]
     except OSError:
         return []
+
+
+def open_node_log(attempt_dir: str, log_path: str) -> IO[bytes]:
+    """A node's log of one attempt, opened for appending (kept until the next attempt).
+    The job's ranks can write its attempts directory and the NodeRunner runs as the
+    gateway's user: a link they planted at the log, or at a directory between the
+    job's own directory and it, is replaced, never written through
+    (`runner.nofollow.open_append`).
+
+    Example:
+        >>> import tempfile
+        >>> job = Path(tempfile.mkdtemp())
+        >>> (job / "attempts").mkdir(); os.symlink("/etc", job / "attempts" / "2")
+        >>> open_node_log(f"{job}/attempts/2", f"{job}/attempts/2/nodes/n0.log").close()
+        >>> (job / "attempts" / "2").is_symlink(), (job / "attempts/2/nodes/n0.log").is_file()
+        (False, True)
+    """
+    attempt, log = Path(attempt_dir), Path(log_path)
+    job_root = attempt.parent.parent  # <job>/attempts/<n>: the gateway made <job>
+    if attempt.is_relative_to(job_root) and log.is_relative_to(attempt):
+        os.close(open_dir(job_root, attempt.relative_to(job_root).as_posix(), create=True))
+        fd = open_append(job_root, log.relative_to(job_root).as_posix(), 0o644)
+    else:  # elsewhere (a Ray node's own disk): no job wrote there before this attempt
+        attempt.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(fd, "ab")

@@ -41,7 +41,7 @@ from typing import IO, Any
 from air_sdk.runner.node import _procs
 from air_sdk.runner.node._warm import WarmPool
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
-from air_sdk.runner.node.records import RankRecord, failure_marks, log_tail
+from air_sdk.runner.node.records import RankRecord, failure_marks, log_tail, open_node_log
 from air_sdk.runner.node.reporter import RankReporter
 from air_sdk.runner.node.sandbox import wrap
 from air_sdk.runtime._flight_recorder import trace_env
@@ -144,9 +144,7 @@ class NodeRunner:
             if any(r.returncode is None for r in self._ranks):
                 raise RuntimeError("the node still runs an attempt: stop it first")
             self._close_log()
-            Path(launch.attempt_dir).mkdir(parents=True, exist_ok=True)
-            Path(launch.log_path).parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(launch.log_path, "ab")  # noqa: SIM115 (kept until the next attempt)
+            self._log = open_node_log(launch.attempt_dir, launch.log_path)
             self._launch = launch
             self._ranks = []
             self._stopping = False

@@ -246,10 +246,10 @@ def _read_model(
     storage: CheckpointStorage, directory: str, manifest: Manifest, key: str | None
 ) -> tuple[str, dict[str, Any]]:
     """(the key read, {saved name: value}) of the model entry, whole, in this process."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    # a job wrote these files: nothing of them is unpickled but DCP's metadata classes
+    from air_sdk.runtime.checkpoint._safe_metadata import load_state, safe_reader
 
-    metadata = storage.reader(directory).read_metadata()
+    metadata = safe_reader(storage.reader(directory)).read_metadata()
     planner_data = metadata.planner_data or {}
     top_level = {
         str(planner_data[k][0]) if k in planner_data else k.split(".", 1)[0]
@@ -261,12 +261,7 @@ def _read_model(
         warnings.filterwarnings("ignore", message=_NO_DIST)
         # One process, no collective, whatever this process's torch.distributed state:
         # what DCP's own dcp_to_torch_save does, cut to one key.
-        _load_state_dict(
-            state,
-            storage_reader=storage.reader(directory),
-            planner=_EmptyStateDictLoadPlanner(keys={chosen}),
-            no_dist=True,
-        )
+        load_state(state, storage.reader(directory), {chosen})
     values: dict[str, Any] = {}
     _leaves(state.get(chosen, {}), "", values)
     return chosen, values

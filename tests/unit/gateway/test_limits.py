@@ -17,6 +17,7 @@ from air_sdk.bundle import pack_directory
 from air_sdk.gateway import routes
 from air_sdk.gateway.options import RateLimit, RequestLimits, SecurityOptions
 from air_sdk.gateway.security import RateLimiter
+from air_sdk.gateway.services import bundles, submit
 from air_sdk.schema.spec import MAX_ARG_CHARS, MAX_ENV_VARS, MAX_INLINE_CODE_BYTES
 
 
@@ -316,7 +317,7 @@ def test_error_answers_are_json_with_a_detail(tmp_path):
 
 def test_a_bundle_over_the_file_count_is_413(tenancy, monkeypatch):
     monkeypatch.setattr(
-        routes, "unpack_bundle", functools.partial(routes.unpack_bundle, max_files=2)
+        bundles, "unpack_bundle", functools.partial(bundles.unpack_bundle, max_files=2)
     )
     owner = tenancy.client("owner")
     src = tenancy.home / "many"
@@ -439,14 +440,14 @@ def test_health_answers_while_a_submit_body_is_being_parsed(tmp_path, monkeypatc
     app, store = make_app(tmp_path, SecurityOptions(limits=NO_RATE_LIMITS))
     token = store.create_token(role="member")
     parsing, release = threading.Event(), threading.Event()
-    real_parse = routes.parse_model
+    real_parse = submit.parse_model
 
     def held_parse(*args, **kwargs):
         parsing.set()
         assert release.wait(30), "health never answered while the body was parsed"
         return real_parse(*args, **kwargs)
 
-    monkeypatch.setattr(routes, "parse_model", held_parse)
+    monkeypatch.setattr(submit, "parse_model", held_parse)
 
     async def scenario() -> tuple[int, int]:
         transport = httpx.ASGITransport(app=app)

@@ -10,7 +10,7 @@ import pytest
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.local import LocalBackend
 from air_sdk.runner.backends.ray_rules import check_output_dir
-from air_sdk.runner.outputs import checked_root, default_output_dir, list_outputs, output_file
+from air_sdk.runner.outputs import OutputDir, default_output_dir, list_outputs
 from air_sdk.runner.service import Runner
 from air_sdk.scheduler import NodeSpec
 from air_sdk.store import SqliteStore
@@ -46,13 +46,15 @@ def test_only_regular_files_inside_are_listed_and_served(tmp_path):
     os.symlink(tmp_path / "secret", root / "link")
     os.symlink(tmp_path, root / "a" / "up")
     assert [(f.path, f.bytes) for f in list_outputs(root)] == [("a/b/x.bin", 5), ("top.txt", 1)]
-    assert output_file(root, "a/b/x.bin").read_bytes() == b"12345"
-    for bad in ("../secret", "/etc/passwd", "a/../top.txt", "a\\b", "", "a/b", "a/b/x.bin\x00"):
-        with pytest.raises(ConfigError):
-            output_file(root, bad)
-    for link in ("link", "a/up/secret"):
-        with pytest.raises(ConfigError, match="symlink"):
-            output_file(root, link)
+    with OutputDir.open(root, tmp_path / "outputs") as out:
+        with out.open_file("a/b/x.bin") as f:
+            assert f.read() == b"12345"
+        for bad in ("../secret", "/etc/passwd", "a/../top.txt", "a\\b", "", "a/b", "a/b/x.bin\x00"):
+            with pytest.raises(ConfigError):
+                out.open_file(bad)
+        for link in ("link", "a/up/secret"):
+            with pytest.raises(ConfigError, match="symlink"):
+                out.open_file(link)
     assert list_outputs(tmp_path / "outputs" / "never-written") == []
 
 
@@ -61,9 +63,18 @@ def test_a_root_swapped_for_a_link_is_refused(tmp_path):
     base.mkdir()
     os.symlink(tmp_path, base / "j1")
     with pytest.raises(ConfigError, match="replaced by a link"):
-        checked_root(base / "j1", base)
+        OutputDir.open(base / "j1", base)
     (base / "j2").mkdir()
-    assert checked_root(base / "j2", base) == base / "j2"
+    with OutputDir.open(base / "j2", base) as out:
+        assert out.path == base / "j2" and out.files() == []
+
+
+def test_a_fifo_a_job_made_is_refused_without_blocking(tmp_path):
+    root = tmp_path / "j1"
+    root.mkdir()
+    os.mkfifo(root / "pipe")  # opening it for reading would wait for a writer forever
+    with OutputDir.open(root, tmp_path) as out, pytest.raises(ConfigError, match="regular"):
+        out.open_file("pipe")
 
 
 def test_a_multi_node_ray_job_must_name_a_shared_output_dir():

@@ -1,0 +1,103 @@
+"""Ingesting a worker report: the attempt's token and fencing checked, the report
+parsed, every secret of the job and any AIR token scrubbed from its text (a function's
+return value holding one is refused: a pickle cannot be edited), then stored.
+
+Example:
+    >>> ingest_report(ctx, "train-5d41402a", 1, token, body)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from air_sdk.errors import ApiError, AuthError, ConflictError
+from air_sdk.gateway.bodies import describe_validation_error
+from air_sdk.redact import Redactor
+from air_sdk.schema import FunctionResult, WorkerReport
+from air_sdk.schema.events import CheckpointRestore
+
+if TYPE_CHECKING:
+    from air_sdk.gateway.app import GatewayContext
+
+__all__ = ["ingest_report", "scrubbed", "scrubbed_result"]
+
+
+def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, body: bytes) -> None:
+    """Store one rank's report: an `AuthError` (401) for a token not of this job and
+    attempt, a `ConflictError` (409) for an attempt no longer current, an `ApiError`
+    (422) for a body that is not a `WorkerReport` or a result holding a secret."""
+    verdict = ctx.store.check_worker_token(job_id, attempt, token)
+    if verdict == "invalid":
+        raise AuthError(401, "the worker token does not belong to this job and attempt")
+    if verdict == "stale":
+        raise ConflictError(409, f"attempt {attempt} is no longer current; stop posting")
+    try:
+        report = WorkerReport.model_validate_json(body)
+    except ValidationError as exc:
+        raise ApiError(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
+    if report.lines or report.exit is not None or report.checkpoints or report.result is not None:
+        report = scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
+    for record in report.checkpoints:
+        if isinstance(record, CheckpointRestore):
+            ctx.store.set_resumed_from(job_id, attempt, record.step)
+    step = report.heartbeat_step
+    if step is None and report.points:
+        step = report.points[-1].step
+    progress = bool(report.points) or report.heartbeat_step is not None
+    active = bool(report.lines) or report.busy
+    ctx.store.append_worker_events(
+        job_id,
+        attempt,
+        report.rank,
+        report.payloads(),
+        step,
+        progress=progress,
+        active=active,
+        finished=report.finished,
+    )
+
+
+def scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:
+    """The report with the job's secret env values and any token replaced in its text
+    (output lines, exit tails, checkpoint records, a function's error), before anything
+    is stored; a function's return value holding one is refused (`scrubbed_result`)."""
+    update: dict[str, object] = {}
+    if report.lines:
+        update["lines"] = redactor.lines(report.lines)
+    if report.exit is not None and report.exit.tail:
+        update["exit"] = report.exit.model_copy(update={"tail": redactor.lines(report.exit.tail)})
+    if report.checkpoints:
+        update["checkpoints"] = [
+            type(c).model_validate(redactor.value(c.model_dump(mode="json")))
+            for c in report.checkpoints
+        ]
+    if report.result is not None:
+        update["result"] = scrubbed_result(report.result, redactor)
+    return report.model_copy(update=update) if update else report
+
+
+def scrubbed_result(result: FunctionResult, redactor: Redactor) -> FunctionResult:
+    """A function's error texts scrubbed; a return value holding a secret is refused
+    (a pickle cannot be edited), so it never reaches the event log."""
+    if result.value_b64:
+        try:
+            raw = base64.b64decode(result.value_b64, validate=True)
+        except binascii.Error as exc:
+            raise ApiError(422, f"result.value_b64 is not base64: {exc}") from exc
+        text = raw.decode("latin-1")  # byte for byte, so an ASCII secret is found as is
+        if redactor.text(text) != text:
+            raise ApiError(
+                422,
+                "the return value holds a secret of the job's environment or an AIR token;"
+                " return something else (read secrets from os.environ where they are used)",
+            )
+    update = {
+        key: redactor.text(text)
+        for key, text in (("error", result.error), ("traceback", result.traceback))
+        if text
+    }
+    return result.model_copy(update=update) if update else result
