@@ -6,7 +6,9 @@ applied to a model in torchtitan's order, from the job's mesh.
 2. activation checkpointing per block (`checkpoint_wrapper`, full or selective);
 3. `torch.compile` per block (the blocks repeat, so one compiled graph serves all);
 4. FSDP2 `fully_shard` per block, then the root, over `dp_shard_cp`, or HSDP over
-   (`dp_replicate`, `dp_shard_cp`) when dp_replicate > 1.
+   (`dp_replicate`, `dp_shard_cp`) when dp_replicate > 1;
+5. for a model built on the meta device: `to_empty` on this rank's device (only its
+   shards take memory) and initialization (`materialize.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, pa
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime.parallel.blocks import Blocks, find_blocks, replace_block
+from air_sdk.runtime.parallel.materialize import is_meta_model, materialize
 from air_sdk.runtime.parallel.meshes import layout_of, mesh_device, submesh
 from air_sdk.runtime.parallel.plans import (
     Plan,
@@ -60,6 +63,11 @@ def parallelize(
     outputs, recompute the rest); `torch.compile` per block; FSDP2 `fully_shard` per
     block then the root (HSDP when dp_replicate > 1). The blocks are the model's
     largest `nn.ModuleList`/`nn.ModuleDict` of one class.
+
+    A model bigger than one rank's memory: build it on the meta device
+    (`with torch.device("meta"): model = Model(cfg)`); after sharding, only this rank's
+    shards are allocated and set by the model's `init_weights()` (or each module's
+    `reset_parameters()`; see `materialize.py`).
 
     `mixed_precision`: "auto" (bf16 parameters with fp32 gradient reduction on GPUs,
     fp32 on CPU), "bf16", "fp32", or a `MixedPrecisionPolicy`. Every rank must build
@@ -116,7 +124,8 @@ def apply_parallelisms(
     device = mesh_device(mesh)
     policy = _policy(mixed_precision, device)
     ac_mode = _ac_mode(activation_checkpointing)
-    if device.type == "cuda":
+    on_meta = is_meta_model(model)
+    if device.type == "cuda" and not on_meta:
         model.to(device)
     if blocks is None:
         blocks = find_blocks(model)
@@ -138,6 +147,8 @@ def apply_parallelisms(
         fully_shard(
             model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward
         )
+    if on_meta:
+        materialize(model, device)
     return model
 
 
