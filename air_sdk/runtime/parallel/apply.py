@@ -191,17 +191,26 @@ def _apply_tp(
 
 
 # Ops whose outputs selective checkpointing keeps (the rest is recomputed in backward):
-# the matmuls and attention, which cost the most to redo.
+# torchtitan's list (torchtitan/distributed/activation_checkpoint.py): the matmuls
+# (`nn.Linear` is `mm` without a bias, `addmm` with one), attention, the
+# reduce-scatters of sequence parallelism and `max` (float8 scales); every second
+# matmul is recomputed all the same, as torchtitan does, to halve what is kept.
+_SAVE_OPS = (
+    "mm",
+    "addmm",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_fused_attention_overrideable",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "max",
+)
+
+
 def _save_list() -> set[Any]:
     aten = torch.ops.aten
-    names = [
-        "mm",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-    ]
-    ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    ops = {getattr(aten, n).default for n in _SAVE_OPS if hasattr(aten, n)}
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
         ops.add(functional.reduce_scatter_tensor.default)
@@ -212,8 +221,15 @@ def _selective_context() -> Any:
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     save = _save_list()
+    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    counts = {"forward": 0, "recompute": 0}
 
-    def policy(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op in matmuls:
+            counts[mode] += 1
+            if counts[mode] % 2 == 0:  # every second matmul: recompute
+                return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)
