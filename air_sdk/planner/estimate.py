@@ -69,6 +69,13 @@ _ASSUMED_LAYERS = 32
 _ADAM_STATES = 2
 
 
+#: The assumed share of peak FLOP/s, calibrated to published figures: torchtitan reports
+#: 33-39% MFU for Llama 3 8B on H100s (bf16, FSDP, torch.compile; torchtitan's
+#: docs/performance.md and arXiv 2410.06511); 0.36 is the middle, and gives the planner
+#: 36% MFU for Llama 3 8B, FSDP8, seq 8192 on 8 H100. `air plan --efficiency` changes it.
+DEFAULT_EFFICIENCY = 0.36
+
+
 @dataclass(frozen=True)
 class TrainSetup:
     """What one training step runs (independent of the layout).
@@ -86,8 +93,9 @@ class TrainSetup:
     #: None: use it only where a layout does not fit without it
     activation_checkpointing: bool | None = None
     flash_attention: bool = True
-    #: the share of peak FLOP/s the matmuls reach (a well-tuned dense model: 0.4-0.6)
-    efficiency: float = 0.5
+    #: the share of peak FLOP/s the matmuls reach: an assumption, printed wherever the
+    #: planner shows time or MFU (see `DEFAULT_EFFICIENCY`)
+    efficiency: float = DEFAULT_EFFICIENCY
 
     def __post_init__(self) -> None:
         if min(self.seq_len, self.micro_batch, self.grad_accum) < 1:
