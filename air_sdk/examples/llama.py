@@ -348,19 +348,21 @@ _HF_SLOTS = (
 def _canonical_weights(model: nn.Module, n_layers: int) -> list[tuple[int, torch.Tensor]]:
     """(index, weight) in one numbering shared by both namings (so one seed, one model);
     a pipeline stage yields only the weights it holds, under the whole model's indices."""
+    trunk: nn.Module
     if isinstance(model, TitanLlama):
-        trunk: nn.Module = model
-        blocks, slots, embed = model.layers, _TITAN_SLOTS, "tok_embeddings"
+        trunk = model
+        slots, embed = _TITAN_SLOTS, "tok_embeddings"
         head = _weight(model, "output", "weight")
     else:
-        trunk = model.model
-        blocks, slots, embed = trunk.layers, _HF_SLOTS, "embed_tokens"
+        trunk = model.get_submodule("model")
+        slots, embed = _HF_SLOTS, "embed_tokens"
         head = _weight(model, "lm_head", "weight")
     found: list[tuple[int, torch.Tensor | None]] = [
         (0, _weight(trunk, embed, "weight")),
         (1 + 9 * n_layers, _weight(trunk, "norm", "weight")),
         (2 + 9 * n_layers, head),
     ]
+    blocks = trunk.get_submodule("layers")
     for name, block in blocks.named_children():  # a stage keeps the blocks' names
         for j, slot in enumerate(slots):
             found.append((1 + 9 * int(name) + j, _weight(block, *slot, "weight")))
