@@ -200,10 +200,26 @@ class LayoutEstimate:
     #: model FLOPs per step, all GPUs together (no recompute)
     model_flops_per_step: float
     peak_flops_total: float
+    #: bytes per GPU while the model is built: eagerly the whole fp32 model is on every
+    #: rank before sharding; on the meta device only this rank's shards plus one
+    #: layer drawn whole by the initializer
+    init_eager_bytes: float = 0.0
+    init_meta_bytes: float = 0.0
 
     @property
     def fits(self) -> bool:
         return self.memory.total <= USABLE_FRACTION * self.capacity_bytes
+
+    @property
+    def needs_meta_init(self) -> bool:
+        """True when an eager build (the whole model on each rank) would not fit: build
+        the model on the meta device (`with torch.device("meta"):`)."""
+        return self.init_eager_bytes > USABLE_FRACTION * self.capacity_bytes
+
+    @property
+    def init_bytes(self) -> float:
+        """The build's peak on the path the planner recommends (meta when eager fails)."""
+        return self.init_meta_bytes if self.needs_meta_init else self.init_eager_bytes
 
     @property
     def tokens_per_s(self) -> float:
@@ -446,4 +462,6 @@ def _estimate(
         capacity_bytes=cluster.device.memory_bytes,
         model_flops_per_step=model_flops,
         peak_flops_total=peak * world,
+        init_eager_bytes=shape.num_params * _FP32,
+        init_meta_bytes=memory.weights + max(stage.layer_params, stage.edge_params) * _FP32,
     )

@@ -290,10 +290,17 @@ def verdict(p: Plan) -> str:
     if p.best is not None:
         best = p.best
         ac = " with activation checkpointing" if best.activation_checkpointing else ""
-        return (
+        line = (
             f"fastest that fits: {best.label}{ac}, {best.memory.total / _GIB:.1f} GiB per GPU,"
             f" ~{best.tokens_per_s:,.0f} tokens/s\n  flags: {best.flags}"
         )
+        if best.needs_meta_init:
+            line += (
+                '\n  build the model under `with torch.device("meta"):` (an eager build'
+                f" holds the whole model, {best.init_eager_bytes / _GIB:.1f} GiB, on every"
+                f" rank; on meta the build peaks at {best.init_meta_bytes / _GIB:.1f} GiB)"
+            )
+        return line
     least = min(p.estimates, key=lambda e: e.memory.total, default=None)
     if least is None:
         return "no layout to try"

@@ -110,3 +110,24 @@ def test_submit_check_refuses_tp4_fsdp4_that_tp_whole_activations_overflow() -> 
     assert reason.startswith("llama3-70b does not fit 2 x 8 H200 with --dp-shard -1 --tp 4")
     assert "against 133.4 GiB usable" in reason
     assert "A layout that fits these GPUs: --dp-shard -1 --tp 8" in reason
+
+
+def test_the_planner_counts_the_build_peak_of_the_path_it_recommends() -> None:
+    import air_sdk
+    from air_sdk.planner.search import verdict
+
+    big = air_sdk.plan("llama3-70b", gpu="h200", nodes=2, gpus_per_node=8)
+    best = big.best
+    # eagerly every rank holds the whole fp32 model (263 GiB): only meta can build it
+    assert best.needs_meta_init and best.init_eager_bytes > best.capacity_bytes
+    assert best.init_bytes == best.init_meta_bytes < best.memory.total
+    assert 'build the model under `with torch.device("meta"):`' in verdict(big)
+    small = air_sdk.plan("llama3-8b", gpu="h200", nodes=1, gpus_per_node=8).best
+    assert not small.needs_meta_init
+    assert small.init_bytes == small.init_eager_bytes == 4 * small_params()
+
+
+def small_params() -> int:
+    from air_sdk.planner.model import preset
+
+    return preset("llama3-8b").num_params
