@@ -12,8 +12,10 @@ grouped-query heads, SwiGLU MLP) under either module naming:
   `post_attention_layernorm`, `model.norm`, `lm_head`; head counts in `num_heads` /
   `num_key_value_heads`.
 
-Weights come from `LlamaConfig.seed` in one fixed order, so both schemes start from the
-same numbers and give the same losses. Rotary tables are one non-persistent buffer on the
+Weights come from `LlamaConfig.seed`, each drawn whole from its own generator, so both
+schemes start from the same numbers and give the same losses, and a model built on the
+meta device (`with torch.device("meta"):`) gets the same weights from `init_weights()`
+in every parallel layout. Rotary tables are one non-persistent buffer on the
 module that holds the embeddings; each attention slices it to its own sequence length,
 so the model stays correct when tensor parallelism shards the sequence between blocks
 and when a pipeline stage holds only some blocks (a stage's input is then the hidden
@@ -257,7 +259,13 @@ class TitanLlama(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.register_buffer("rope", rope_table(config), persistent=False)
-        _init_weights(self, config.seed)
+        if not self.output.weight.is_meta:
+            self.init_weights()
+
+    def init_weights(self) -> None:
+        """Set every weight from `config.seed` (torchtitan's convention; `air.parallelize`
+        calls it on a meta-built model after sharding)."""
+        _init_weights(self, self.config, self)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
@@ -295,60 +303,89 @@ class HFLlamaForCausalLM(nn.Module):
         self.config = config
         self.model = HFLlamaModel(config)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        _init_weights(self, config.seed)
+        if not self.lm_head.weight.is_meta:
+            self.init_weights()
+
+    def init_weights(self) -> None:
+        """Set every weight from `config.seed` (see `TitanLlama.init_weights`)."""
+        _init_weights(self, self.config, self.model)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model(input_ids))
 
 
-def _canonical_weights(model: nn.Module) -> list[torch.Tensor]:
-    """The parameters in one order shared by both namings (so one seed, one model)."""
+def _weight(module: nn.Module | None, *path: str) -> torch.Tensor | None:
+    # through wrappers (checkpointing, compile) and the nn.Identity of a pipeline stage
+    for name in path:
+        module = getattr(module, name, None)
+    return module if isinstance(module, torch.Tensor) else None
+
+
+_TITAN_SLOTS = (
+    ("attention_norm",),
+    ("attention", "wq"),
+    ("attention", "wk"),
+    ("attention", "wv"),
+    ("attention", "wo"),
+    ("ffn_norm",),
+    ("feed_forward", "w1"),
+    ("feed_forward", "w3"),
+    ("feed_forward", "w2"),
+)
+_HF_SLOTS = (
+    ("input_layernorm",),
+    ("self_attn", "q_proj"),
+    ("self_attn", "k_proj"),
+    ("self_attn", "v_proj"),
+    ("self_attn", "o_proj"),
+    ("post_attention_layernorm",),
+    ("mlp", "gate_proj"),
+    ("mlp", "up_proj"),
+    ("mlp", "down_proj"),
+)
+
+
+def _canonical_weights(model: nn.Module, n_layers: int) -> list[tuple[int, torch.Tensor]]:
+    """(index, weight) in one numbering shared by both namings (so one seed, one model);
+    a pipeline stage yields only the weights it holds, under the whole model's indices."""
+    trunk: nn.Module
     if isinstance(model, TitanLlama):
-        blocks = [
-            [
-                b.attention_norm.weight,
-                b.attention.wq.weight,
-                b.attention.wk.weight,
-                b.attention.wv.weight,
-                b.attention.wo.weight,
-                b.ffn_norm.weight,
-                b.feed_forward.w1.weight,
-                b.feed_forward.w3.weight,
-                b.feed_forward.w2.weight,
-            ]
-            for b in model.layers
-            if isinstance(b, TitanBlock)
-        ]
-        ends = ([model.tok_embeddings.weight], [model.norm.weight, model.output.weight])
+        trunk = model
+        slots, embed = _TITAN_SLOTS, "tok_embeddings"
+        head = _weight(model, "output", "weight")
     else:
-        assert isinstance(model, HFLlamaForCausalLM)
-        blocks = [
-            [
-                b.input_layernorm.weight,
-                b.self_attn.q_proj.weight,
-                b.self_attn.k_proj.weight,
-                b.self_attn.v_proj.weight,
-                b.self_attn.o_proj.weight,
-                b.post_attention_layernorm.weight,
-                b.mlp.gate_proj.weight,
-                b.mlp.up_proj.weight,
-                b.mlp.down_proj.weight,
-            ]
-            for b in model.model.layers
-            if isinstance(b, HFDecoderLayer)
-        ]
-        ends = ([model.model.embed_tokens.weight], [model.model.norm.weight, model.lm_head.weight])
-    return [*ends[0], *(w for block in blocks for w in block), *ends[1]]
+        trunk = model.get_submodule("model")
+        slots, embed = _HF_SLOTS, "embed_tokens"
+        head = _weight(model, "lm_head", "weight")
+    found: list[tuple[int, torch.Tensor | None]] = [
+        (0, _weight(trunk, embed, "weight")),
+        (1 + 9 * n_layers, _weight(trunk, "norm", "weight")),
+        (2 + 9 * n_layers, head),
+    ]
+    blocks = trunk.get_submodule("layers")
+    for name, block in blocks.named_children():  # a stage keeps the blocks' names
+        for j, slot in enumerate(slots):
+            found.append((1 + 9 * int(name) + j, _weight(block, *slot, "weight")))
+    return [(index, weight) for index, weight in found if weight is not None]
 
 
 @torch.no_grad()
-def _init_weights(model: nn.Module, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    for weight in _canonical_weights(model):
-        if weight.dim() == 1:  # norm scales
-            weight.fill_(1.0)
+def _init_weights(model: nn.Module, config: LlamaConfig, rope_holder: nn.Module) -> None:
+    """Every weight drawn whole from its own seeded generator (norm scales: ones), and the
+    rotary table recomputed: the same numbers eagerly, on meta after `to_empty`, and in
+    every layout (a DTensor keeps its part of the whole tensor)."""
+    from air_sdk.runtime.parallel.materialize import fill_from_full
+
+    for index, weight in _canonical_weights(model, config.n_layers):
+        if weight.dim() == 1:
+            full = torch.ones(weight.shape)
         else:
-            weight.copy_(torch.randn(weight.shape, generator=gen) * 0.02)
+            gen = torch.Generator().manual_seed(config.seed * 1_000_003 + index)
+            full = torch.randn(weight.shape, generator=gen) * 0.02
+        fill_from_full(weight, full)
+    rope = getattr(rope_holder, "rope", None)
+    if isinstance(rope, torch.Tensor):
+        rope.copy_(rope_table(config))
 
 
 def build_llama(config: LlamaConfig) -> nn.Module:

@@ -8,7 +8,7 @@ Memory per GPU (the stage that holds most):
 | grads       | fp32 gradients, split the same way                                   |
 | optimizer   | AdamW's exp_avg and exp_avg_sq, fp32, split the same way             |
 | buffers     | bf16 compute copies (FSDP's unsharded layers in flight, autocast's weight cache), DDP's gradient buckets, the fp32 logits gradient |
-| activations | what autograd keeps, per Korthikanti et al.: per layer and token, split by tp (sequence parallel) and cp, times the micro-batches a pipeline stage holds (1F1B: min(pp, micro-batches)); with activation checkpointing only each layer's input plus one layer being recomputed |
+| activations | what autograd keeps, per Korthikanti et al.: per layer and token, split by tp (sequence parallel; but each block's two gathered norm outputs and the whole logits' fp32 log-softmax are not) and cp, times the micro-batches a pipeline stage holds (1F1B: min(pp, micro-batches)); with activation checkpointing only each layer's input plus one layer being recomputed |
 | reserved    | 2 GiB: CUDA context, NCCL's buffers, cuBLAS workspaces               |
 
 A layout fits when the total is at most 95% of the GPU's memory (the caching
@@ -69,6 +69,13 @@ _ASSUMED_LAYERS = 32
 _ADAM_STATES = 2
 
 
+#: The assumed share of peak FLOP/s, calibrated to published figures: torchtitan reports
+#: 33-39% MFU for Llama 3 8B on H100s (bf16, FSDP, torch.compile; torchtitan's
+#: docs/performance.md and arXiv 2410.06511); 0.36 is the middle, and gives the planner
+#: 36% MFU for Llama 3 8B, FSDP8, seq 8192 on 8 H100. `air plan --efficiency` changes it.
+DEFAULT_EFFICIENCY = 0.36
+
+
 @dataclass(frozen=True)
 class TrainSetup:
     """What one training step runs (independent of the layout).
@@ -86,8 +93,9 @@ class TrainSetup:
     #: None: use it only where a layout does not fit without it
     activation_checkpointing: bool | None = None
     flash_attention: bool = True
-    #: the share of peak FLOP/s the matmuls reach (a well-tuned dense model: 0.4-0.6)
-    efficiency: float = 0.5
+    #: the share of peak FLOP/s the matmuls reach: an assumption, printed wherever the
+    #: planner shows time or MFU (see `DEFAULT_EFFICIENCY`)
+    efficiency: float = DEFAULT_EFFICIENCY
 
     def __post_init__(self) -> None:
         if min(self.seq_len, self.micro_batch, self.grad_accum) < 1:
@@ -192,10 +200,26 @@ class LayoutEstimate:
     #: model FLOPs per step, all GPUs together (no recompute)
     model_flops_per_step: float
     peak_flops_total: float
+    #: bytes per GPU while the model is built: eagerly the whole fp32 model is on every
+    #: rank before sharding; on the meta device only this rank's shards plus one
+    #: layer drawn whole by the initializer
+    init_eager_bytes: float = 0.0
+    init_meta_bytes: float = 0.0
 
     @property
     def fits(self) -> bool:
         return self.memory.total <= USABLE_FRACTION * self.capacity_bytes
+
+    @property
+    def needs_meta_init(self) -> bool:
+        """True when an eager build (the whole model on each rank) would not fit: build
+        the model on the meta device (`with torch.device("meta"):`)."""
+        return self.init_eager_bytes > USABLE_FRACTION * self.capacity_bytes
+
+    @property
+    def init_bytes(self) -> float:
+        """The build's peak on the path the planner recommends (meta when eager fails)."""
+        return self.init_meta_bytes if self.needs_meta_init else self.init_eager_bytes
 
     @property
     def tokens_per_s(self) -> float:
@@ -289,23 +313,35 @@ def _stage(shape: ModelShape, tp: int, pp: int) -> _Stage:
 def _activations(
     shape: ModelShape, layout: Parallelism, setup: TrainSetup, ac: bool, m: int, stage: _Stage
 ) -> tuple[float | None, float]:
-    """(activation bytes, fp32 logits-gradient bytes) on the busiest stage."""
+    """(activation bytes, fp32 logits-gradient bytes) on the busiest stage.
+
+    Under tensor parallelism, sequence parallelism splits most of a block's activations
+    by tp, but AIR's plan (torchtitan's) keeps some whole: each block's two gathered
+    norm outputs (the inputs of q/k/v and of the MLP's first matmuls, beside the
+    sequence-split norm outputs), the head's gathered input and the whole logits'
+    fp32 log-softmax (measured: tests/unit/planner/test_tp_activations.py)."""
     if not shape.known:
         return None, 0.0
     ab = setup.act_bytes
-    tokens = setup.tokens_per_micro_batch / layout.cp / layout.tp  # sequence parallel splits
+    seq_tokens = setup.tokens_per_micro_batch / layout.cp
+    tokens = seq_tokens / layout.tp  # sequence parallel splits
     full = shape.layer_activation_bytes(
         ab, flash_attention=setup.flash_attention, seq_len=setup.seq_len
     )
-    kept = shape.checkpointed_layer_bytes(ab) if ac else full
-    recompute = full * tokens if ac else 0.0
-    output = shape.output_activation_bytes(ab) * tokens
-    logits_grad = _FP32 * shape.vocab_size * tokens
+    gathered = 2 * shape.hidden_size * ab * seq_tokens if layout.tp > 1 else 0.0
+    kept = shape.checkpointed_layer_bytes(ab) * tokens if ac else full * tokens + gathered
+    recompute = full * tokens + gathered if ac else 0.0
+    if layout.tp > 1:
+        output = 2 * shape.hidden_size * ab * tokens
+        output += (shape.hidden_size * ab + _FP32 * shape.vocab_size) * seq_tokens
+    else:
+        output = shape.output_activation_bytes(ab) * tokens
+    logits_grad = _FP32 * shape.vocab_size * (seq_tokens if layout.tp > 1 else tokens)
     if layout.pp == 1:
-        return stage.num_layers * kept * tokens + output + recompute, logits_grad
+        return stage.num_layers * kept + output + recompute, logits_grad
     in_flight = min(layout.pp, m)  # 1F1B: the first stage holds pp micro-batches
-    first = stage.num_layers * kept * tokens * in_flight
-    last = stage.num_layers * kept * tokens + output
+    first = stage.num_layers * kept * in_flight
+    last = stage.num_layers * kept + output
     return max(first, last) + recompute, logits_grad
 
 
@@ -426,4 +462,6 @@ def _estimate(
         capacity_bytes=cluster.device.memory_bytes,
         model_flops_per_step=model_flops,
         peak_flops_total=peak * world,
+        init_eager_bytes=shape.num_params * _FP32,
+        init_meta_bytes=memory.weights + max(stage.layer_params, stage.edge_params) * _FP32,
     )

@@ -15,12 +15,14 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from air_sdk.planner.devices import DeviceSpec, device_spec
 from air_sdk.planner.estimate import (
+    DEFAULT_EFFICIENCY,
     USABLE_FRACTION,
     Cluster,
     LayoutEstimate,
@@ -219,7 +221,9 @@ class Plan:
         return (
             f"{what}, seq {setup.seq_len},"
             f" micro-batch {setup.micro_batch}, {setup.precision};"
-            f" {c.nodes} x {c.gpus_per_node} {c.device.label} ({usable:.0f} GiB usable each)"
+            f" {c.nodes} x {c.gpus_per_node} {c.device.label} ({usable:.0f} GiB usable each);"
+            f" times and MFU assume the matmuls reach {setup.efficiency:.0%} of peak FLOP/s"
+            " (--efficiency)"
         )
 
     def __str__(self) -> str:
@@ -286,10 +290,17 @@ def verdict(p: Plan) -> str:
     if p.best is not None:
         best = p.best
         ac = " with activation checkpointing" if best.activation_checkpointing else ""
-        return (
+        line = (
             f"fastest that fits: {best.label}{ac}, {best.memory.total / _GIB:.1f} GiB per GPU,"
             f" ~{best.tokens_per_s:,.0f} tokens/s\n  flags: {best.flags}"
         )
+        if best.needs_meta_init:
+            line += (
+                '\n  build the model under `with torch.device("meta"):` (an eager build'
+                f" holds the whole model, {best.init_eager_bytes / _GIB:.1f} GiB, on every"
+                f" rank; on meta the build peaks at {best.init_meta_bytes / _GIB:.1f} GiB)"
+            )
+        return line
     least = min(p.estimates, key=lambda e: e.memory.total, default=None)
     if least is None:
         return "no layout to try"
@@ -311,7 +322,7 @@ def plan(
     grad_accum: int = 1,
     precision: Literal["bf16-mixed", "fp32"] = "bf16-mixed",
     activation_checkpointing: bool | None = None,
-    efficiency: float = 0.5,
+    efficiency: float = DEFAULT_EFFICIENCY,
 ) -> Plan:
     """Estimate every layout of `model` on `nodes` x `gpus_per_node` GPUs of type `gpu`.
 
@@ -329,7 +340,7 @@ def plan(
     device = gpu if isinstance(gpu, DeviceSpec) else device_spec(gpu)
     cluster = Cluster(device, nodes, gpus_per_node)
     if isinstance(model, ModelSpec):
-        setup = setup_for(model, shape)
+        setup = dataclasses.replace(setup_for(model, shape), efficiency=efficiency)
     else:
         setup = TrainSetup(
             seq_len=seq_len or shape.default_seq_len,

@@ -6,7 +6,9 @@ applied to a model in torchtitan's order, from the job's mesh.
 2. activation checkpointing per block (`checkpoint_wrapper`, full or selective);
 3. `torch.compile` per block (the blocks repeat, so one compiled graph serves all);
 4. FSDP2 `fully_shard` per block, then the root, over `dp_shard_cp`, or HSDP over
-   (`dp_replicate`, `dp_shard_cp`) when dp_replicate > 1.
+   (`dp_replicate`, `dp_shard_cp`) when dp_replicate > 1;
+5. for a model built on the meta device: `to_empty` on this rank's device (only its
+   shards take memory) and initialization (`materialize.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, pa
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime.parallel.blocks import Blocks, find_blocks, replace_block
+from air_sdk.runtime.parallel.materialize import is_meta_model, materialize
 from air_sdk.runtime.parallel.meshes import layout_of, mesh_device, submesh
 from air_sdk.runtime.parallel.plans import (
     Plan,
@@ -63,6 +66,11 @@ def parallelize(
     block then the root (HSDP when dp_replicate > 1). The blocks are the model's
     outermost `nn.ModuleList`/`nn.ModuleDict`/`nn.Sequential` of one class, or the
     container `blocks` names (a module path such as "model.layers").
+
+    A model bigger than one rank's memory: build it on the meta device
+    (`with torch.device("meta"): model = Model(cfg)`); after sharding, only this rank's
+    shards are allocated and set by the model's `init_weights()` (or each module's
+    `reset_parameters()`; see `materialize.py`).
 
     `mixed_precision`: "auto" (bf16 parameters with fp32 gradient reduction on GPUs,
     fp32 on CPU), "bf16", "fp32", or a `MixedPrecisionPolicy`. Every rank must build
@@ -120,7 +128,8 @@ def apply_parallelisms(
     device = mesh_device(mesh)
     policy = _policy(mixed_precision, device)
     ac_mode = _ac_mode(activation_checkpointing)
-    if device.type == "cuda":
+    on_meta = is_meta_model(model)
+    if device.type == "cuda" and not on_meta:
         model.to(device)
     if blocks is None:
         blocks = find_blocks(model)
@@ -142,6 +151,8 @@ def apply_parallelisms(
         fully_shard(
             model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward
         )
+    if on_meta:
+        materialize(model, device)
     check_replicas(model, mesh)  # HSDP / TP copies must agree: FSDP2 does not broadcast
     return model
 
@@ -185,17 +196,26 @@ def _apply_tp(
 
 
 # Ops whose outputs selective checkpointing keeps (the rest is recomputed in backward):
-# the matmuls and attention, which cost the most to redo.
+# torchtitan's list (torchtitan/distributed/activation_checkpoint.py): the matmuls
+# (`nn.Linear` is `mm` without a bias, `addmm` with one), attention, the
+# reduce-scatters of sequence parallelism and `max` (float8 scales); every second
+# matmul is recomputed all the same, as torchtitan does, to halve what is kept.
+_SAVE_OPS = (
+    "mm",
+    "addmm",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_fused_attention_overrideable",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "max",
+)
+
+
 def _save_list() -> set[Any]:
     aten = torch.ops.aten
-    names = [
-        "mm",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-    ]
-    ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    ops = {getattr(aten, n).default for n in _SAVE_OPS if hasattr(aten, n)}
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None and hasattr(functional, "reduce_scatter_tensor"):
         ops.add(functional.reduce_scatter_tensor.default)
@@ -206,8 +226,15 @@ def _selective_context() -> Any:
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     save = _save_list()
+    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    counts = {"forward": 0, "recompute": 0}
 
-    def policy(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op in matmuls:
+            counts[mode] += 1
+            if counts[mode] % 2 == 0:  # every second matmul: recompute
+                return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)

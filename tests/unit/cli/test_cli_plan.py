@@ -15,7 +15,8 @@ def test_plan_prints_the_table_and_the_fastest_layouts_flags():
     lines = result.output.splitlines()
     assert lines[0] == (
         "llama3-70b: 70.6B params, seq 8192, micro-batch 1, bf16-mixed;"
-        " 2 x 8 H200 (133 GiB usable each)"
+        " 2 x 8 H200 (133 GiB usable each); times and MFU assume the matmuls reach 36%"
+        " of peak FLOP/s (--efficiency)"
     )
     header = next(line for line in lines if line.startswith("LAYOUT"))
     assert header.split() == [
@@ -58,3 +59,10 @@ def test_plan_usage_errors_say_what_to_change():
     assert result.exit_code == 2 and "misses hidden_size, num_heads, vocab_size" in result.output
     result = runner.invoke(cli.app, ["plan"])
     assert result.exit_code == 2 and "describe the model" in result.output
+
+
+def test_plan_takes_the_assumed_efficiency():
+    args = ["plan", "llama3-8b", "--gpu", "h100", "--efficiency", "0.5", "--json"]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert '"efficiency": 0.5' in result.output

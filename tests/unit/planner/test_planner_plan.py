@@ -89,16 +89,15 @@ def test_refusal_names_the_estimate_and_a_layout_that_fits():
     )
     assert "GiB per GPU (weights 262.8, grads 262.8, optimizer 525.7" in reason
     assert "against 75.7 GiB usable" in reason
-    assert "A layout that fits these GPUs: --dp-shard -1 --tp 4 (TP4 × FSDP4" in reason
-    assert (
-        "`air plan llama3-70b --gpu h100 --nodes 2 --gpus-per-node 8` compares them all" in reason
-    )
+    # with TP's whole activations counted (test_tp_activations), none fits 2 nodes
+    assert "No layout fits 2 node(s); with 4 nodes --dp-shard -1" in reason
+    assert "`air plan llama3-70b --gpu h100 --nodes 4 --gpus-per-node 8`" in reason
 
 
 def test_refusal_suggests_more_nodes_when_nothing_fits_these():
     reason = submit_refusal(_job(ModelSpec(preset="llama3-70b")))
     assert "even sharded over all 8 GPUs (FSDP8)" in reason
-    assert "No layout fits 1 node(s); with 2 nodes --dp-shard -1 --tp" in reason
+    assert "No layout fits 1 node(s); with 4 nodes --dp-shard -1" in reason
     assert "raise --nodes" in reason
 
 
