@@ -161,12 +161,9 @@ def export(
     cast = dtype.value if dtype is not None else None
     as_hf = fmt is Format.hf or (fmt is None and (os.path.isdir(to) or to.endswith("/")))
     if as_hf:
-        from air_sdk.checkpoints import locate
-        from air_sdk.runtime.checkpoint.hf_export import export_hf
+        from air_sdk.checkpoints import export_hf
 
-        wanted = step if is_location(source) else None
-        location = locate(source, step, client=client)
-        done = export_hf(location, to, step=wanted, key=key, dtype=cast, config=config)
+        done = export_hf(source, step, to, key=key, dtype=cast, config=config, client=client)
     elif config is not None:
         raise typer.BadParameter("--config goes with --format hf", param_hint="--config")
     else:

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from air_sdk.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
-    import torch
     import torch.nn as nn
 
 __all__ = ["CONFIG_FILES", "Pretrained", "load_pretrained", "save_pretrained"]
@@ -228,7 +227,7 @@ def load_pretrained(model: Any, path: str | os.PathLike[str]) -> Pretrained:
     )
 
 
-def _read(dcp: Any, state: dict[str, torch.Tensor], directory: str) -> None:
+def _read(dcp: Any, state: dict[str, Any], directory: str) -> None:
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     try:
@@ -309,9 +308,9 @@ def _write_config(part: nn.Module, out: str, config_from: str | None) -> None:
             if os.path.isfile(source):
                 shutil.copyfile(source, os.path.join(out, name))
         return
-    config = getattr(part, "config", None)
-    if hasattr(config, "save_pretrained"):
-        config.save_pretrained(out)
+    save = getattr(getattr(part, "config", None), "save_pretrained", None)
+    if callable(save):
+        save(out)
     elif not os.path.exists(os.path.join(out, "config.json")):
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump({}, f)

@@ -78,7 +78,8 @@ def _style(kind: str, key: str) -> ParallelStyle:
 
 
 def _tied_head(model: nn.Module, head: str) -> bool:
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
     try:
         head_module = model.get_submodule(head)
     except AttributeError:
