@@ -35,7 +35,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 mode, src, out = sys.argv[1], sys.argv[2], sys.argv[3]
 ctx = air.init(timeout_s=300)
 torch.set_num_threads(1)
-base_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # torch + transformers
+# the baseline: everything imported and the process group up, nothing of the model yet
+import torch.distributed.checkpoint, torch.distributed.fsdp, torch.distributed.tensor.parallel
+import transformers.models.llama.modeling_llama
+air.parallelize(torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(4, 4)])))
+base_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 begin = time.perf_counter()
 if mode == "air":
     config = AutoConfig.from_pretrained(src)
