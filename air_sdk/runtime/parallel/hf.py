@@ -18,7 +18,7 @@ Example:
     >>> model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64,
     ...     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=64))
     >>> plan = transformers_plan(model)
-    >>> plan["model.layers.0.self_attn.o_proj"], plan["model.embed_tokens"]
+    >>> plan["model.layers.*.self_attn.o_proj"], plan["model.embed_tokens"]
     (RowwiseParallel(input_layouts=(Shard(dim=-1),), output_layouts=(Replicate(),), use_local_output=True), None)
 """
 
