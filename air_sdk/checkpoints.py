@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from air_sdk.runtime.checkpoint.export import Exported
     from air_sdk.schema.events import CheckpointCommit
 
-__all__ = ["export", "is_location", "locate"]
+__all__ = ["export", "export_hf", "is_location", "locate"]
 
 
 def is_location(source: str) -> bool:
@@ -136,3 +136,28 @@ def export(
     # A job's commit names a step directory; a directory given by hand may be a root.
     wanted = step if is_location(os.fspath(source)) else None
     return export_safetensors(location, to, step=wanted, key=key, dtype=dtype)
+
+
+def export_hf(
+    source: str | os.PathLike[str],
+    step: int | None = None,
+    to: str | os.PathLike[str] = "hf",
+    *,
+    key: str | None = None,
+    dtype: str | None = None,
+    config: str | os.PathLike[str] | None = None,
+    client: Client | None = None,
+) -> Exported:
+    """`export`, as a Hugging Face directory `to` (`model.safetensors` and the
+    `config.json` the job loaded with `air.load_pretrained`, or the one in `config`), so
+    `transformers`' `from_pretrained(to)` loads it.
+
+    Example:
+        >>> air_sdk.checkpoints.export_hf("train-1a2b3c4d", to="tuned")  # doctest: +SKIP
+        Exported(path='tuned', step=300, key='model', num_tensors=291, ...)
+    """
+    location = locate(source, step, client=client)
+    from air_sdk.runtime.checkpoint.hf_export import export_hf as write_hf
+
+    wanted = step if is_location(os.fspath(source)) else None
+    return write_hf(location, to, step=wanted, key=key, dtype=dtype, config=config)

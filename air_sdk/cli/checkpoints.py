@@ -4,6 +4,8 @@
     air checkpoints export JOB --to model.safetensors # the newest checkpoint's model
     air checkpoints export JOB --step 300 --to model.safetensors --dtype bfloat16
     air checkpoints export /data/run/ckpt --to model.safetensors
+    air checkpoints export JOB --to tuned/ --format hf  # a directory from_pretrained loads
+    air checkpoints export JOB --to tuned --format hf --config /models/tiny-llama
 
 `export` runs here, on the client: it reads the checkpoint's files, so they must be
 reachable from this machine (see `air_sdk.checkpoints`). torch is imported only
@@ -12,6 +14,7 @@ inside `export`.
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -39,6 +42,13 @@ class Dtype(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
+
+
+class Format(str, Enum):
+    """`--format` choices: one safetensors file, or a Hugging Face directory."""
+
+    safetensors = "safetensors"
+    hf = "hf"
 
 
 class _ListByDefault(TyperGroup):
@@ -105,7 +115,14 @@ def export(
             help="A job id, or a checkpoint directory / URL (a root of step-N or one step-N).",
         ),
     ],
-    to: Annotated[str, typer.Option("--to", metavar="FILE", help="The safetensors file to write.")],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            metavar="FILE|DIR",
+            help="The safetensors file to write, or the directory for --format hf.",
+        ),
+    ],
     step: Annotated[
         int | None,
         typer.Option("--step", min=0, help="Which checkpoint (default: the newest committed)."),
@@ -118,10 +135,28 @@ def export(
         Dtype | None,
         typer.Option("--dtype", help="Cast floating tensors (default: as saved)."),
     ] = None,
+    fmt: Annotated[
+        Format | None,
+        typer.Option(
+            "--format",
+            help="safetensors (one file) or hf (model.safetensors + config.json in a"
+            " directory, for from_pretrained). Default: hf when --to is a directory.",
+        ),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            metavar="DIR",
+            help="With --format hf: the directory whose config.json to copy (default: the"
+            " one air.load_pretrained kept beside the checkpoints).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     gateway: GatewayOption = None,
 ) -> None:
-    """Write a checkpoint's model as one safetensors file of full tensors (any layout)."""
+    """Write a checkpoint's model as one safetensors file of full tensors (any layout),
+    or as a Hugging Face directory (`--format hf`)."""
     from air_sdk.checkpoints import export as export_checkpoint
     from air_sdk.checkpoints import is_location
 
@@ -131,7 +166,15 @@ def export(
 
         client = make_client(gateway)
     cast = dtype.value if dtype is not None else None
-    done = export_checkpoint(source, step, to, key=key, dtype=cast, client=client)
+    as_hf = fmt is Format.hf or (fmt is None and (os.path.isdir(to) or to.endswith("/")))
+    if as_hf:
+        from air_sdk.checkpoints import export_hf
+
+        done = export_hf(source, step, to, key=key, dtype=cast, config=config, client=client)
+    elif config is not None:
+        raise typer.BadParameter("--config goes with --format hf", param_hint="--config")
+    else:
+        done = export_checkpoint(source, step, to, key=key, dtype=cast, client=client)
     if as_json:
         echo_json(
             {

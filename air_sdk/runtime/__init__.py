@@ -25,7 +25,9 @@ job; `air.autolog()` does the same elsewhere (docs/integrations.md).
 Parallelism from the job's layout (`air_sdk.runtime.parallel`): `air.mesh()`,
 `model = air.parallelize(model)`, `pipe = air.pipeline(model, microbatches=..., loss_fn=...)`,
 `air.context_parallel(...)`, `air.dp_mean(loss)`; `air.layout()` says this rank's
-data-parallel rank and size, pipeline stage and the rest (see `_layout.py`).
+data-parallel rank and size, pipeline stage and the rest (see `_layout.py`). Hugging
+Face safetensors straight into the shards: `air.load_pretrained(model, directory)`;
+and out: `air.save_pretrained(model, directory)` (`air_sdk.runtime.hf_weights`).
 
 Without the `AIR_*` env (a script run by hand or by bare torchrun) nothing is
 posted: `log()` only keeps the latest values. Importing this package does not
@@ -54,6 +56,7 @@ __all__ = [
     "init",
     "is_main",
     "layout",
+    "load_pretrained",
     "log",
     "mesh",
     "output_dir",
@@ -61,6 +64,7 @@ __all__ = [
     "parallelize",
     "pipeline",
     "resumable_loader",
+    "save_pretrained",
     "should_stop",
     "shutdown",
     "submesh",
@@ -114,6 +118,12 @@ def __getattr__(name: str) -> Any:
         from air_sdk.runtime import parallel
 
         value = getattr(parallel, name)
+        globals()[name] = value
+        return value
+    if name in ("load_pretrained", "save_pretrained"):  # torch only when called
+        from air_sdk.runtime import hf_weights
+
+        value = getattr(hf_weights, name)
         globals()[name] = value
         return value
     if name in _LAZY_DATA:  # imports torch

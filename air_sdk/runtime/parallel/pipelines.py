@@ -32,6 +32,7 @@ from air_sdk.runtime.parallel.apply import (
     apply_parallelisms,
 )
 from air_sdk.runtime.parallel.blocks import Blocks, build_stage, find_blocks, split_stages
+from air_sdk.runtime.parallel.hf import stage_module
 from air_sdk.runtime.parallel.meshes import layout_object, layout_of, mesh_device, submesh
 from air_sdk.runtime.parallel.plans import Plan, builtin_plan, detect_scheme, expand_plan
 
@@ -259,7 +260,9 @@ def pipeline(
         )
         parts.append(part)
         stages.append(
-            PipelineStage(part, stage_index, num_stages, device, group=pp_mesh.get_group())
+            PipelineStage(
+                stage_module(part), stage_index, num_stages, device, group=pp_mesh.get_group()
+            )
         )
     try:
         runner = schedule_class(

@@ -38,6 +38,7 @@ from torch.distributed.tensor.parallel import (
 
 from air_sdk.errors import ConfigError
 from air_sdk.runtime.parallel.blocks import Blocks
+from air_sdk.runtime.parallel.hf import is_transformers_model, transformers_plan
 
 __all__ = [
     "HF",
@@ -49,6 +50,8 @@ __all__ = [
     "builtin_plan",
     "check_coverage",
     "detect_scheme",
+    "HEAD_COUNT_ATTRS",
+    "HEAD_WIDTH_ATTRS",
     "divide_heads",
     "expand_plan",
 ]
@@ -217,6 +220,8 @@ def builtin_plan(
     """
     if scheme is None:
         scheme = detect_scheme(model, blocks)
+    if is_transformers_model(model):  # its own plan: positions come from the whole sequence
+        return expand_plan(model, transformers_plan(model, stage=stage), stage=stage), scheme or HF
     if scheme is None:
         block = next((b for _, b in blocks.items(model)), nn.Module())
         children = ", ".join(name for name, _ in block.named_children())
@@ -349,14 +354,51 @@ def check_coverage(model: nn.Module, plan: Mapping[str, ParallelStyle | None], t
         )
 
 
+#: Attribute names attention modules keep head counts in (torchtitan, Hugging Face,
+#: GPT-2, Megatron and others): all of them are divided, whatever the naming scheme.
+HEAD_COUNT_ATTRS = (
+    "n_heads",
+    "n_kv_heads",
+    "n_head",
+    "n_kv_head",
+    "n_local_heads",
+    "n_local_kv_heads",
+    "num_heads",
+    "num_kv_heads",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+#: Widths some attentions view their projections with (`(batch, seq, hidden_size)`):
+#: divided where they equal the q projection's width (heads x head_dim).
+HEAD_WIDTH_ATTRS = ("hidden_size", "embed_dim", "all_head_size", "inner_dim")
+#: Integers with "head" in their name that are not counts of heads (kept as they are).
+_NOT_COUNTS = frozenset({"head_dim", "head_size", "num_key_value_groups", "n_rep"})
+
+
+def _head_attrs(attention: nn.Module) -> dict[str, int]:
+    """The integer attributes of `attention` that count heads (known names, or any
+    name with "head" in it that is not a per-head size or a ratio)."""
+    found: dict[str, int] = {}
+    for attr, value in vars(attention).items():
+        if attr.startswith("_") or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if attr in HEAD_COUNT_ATTRS or ("head" in attr and attr not in _NOT_COUNTS):
+            found[attr] = value
+    return found
+
+
 def divide_heads(model: nn.Module, blocks: Blocks, scheme: Scheme, tp: int) -> None:
-    """Make each attention module count its local heads: divide the scheme's head-count
-    attributes (torchtitan's `n_heads`/`n_kv_heads`, Hugging Face's `num_heads`/
-    `num_key_value_heads`) by `tp`. An attention that has none of them must view its
+    """Make each attention module count its local heads: divide every head-count
+    attribute it keeps (`HEAD_COUNT_ATTRS`: torchtitan's `n_heads`/`n_kv_heads`, Hugging
+    Face's `num_heads`/`num_key_value_heads`, GPT-2's `n_head`, ... whatever the
+    projections' naming scheme), and a width in `HEAD_WIDTH_ATTRS` that equals the q
+    projection's width, by `tp`. An attention may also keep none of them and view its
     projections as `(batch, seq, -1, head_dim)`.
 
     Raises ConfigError when a head count (or the q/k/v width over `head_dim`) is not a
-    multiple of tp.
+    multiple of tp, and when the attention keeps an integer named like a head count
+    that AIR does not know (its forward would view the local projections with the
+    whole model's count): rename it to a known one, or view with -1.
 
     Example:
         >>> from air_sdk.examples.llama import LlamaConfig, build_llama
@@ -367,22 +409,40 @@ def divide_heads(model: nn.Module, blocks: Blocks, scheme: Scheme, tp: int) -> N
         (2, 1)
     """
     for block_path in blocks.paths():
-        attention = model.get_submodule(f"{block_path}.{scheme.attention}")
+        where = f"{block_path}.{scheme.attention}"
+        attention = model.get_submodule(where)
         head_dim = getattr(attention, "head_dim", None)
-        counts = {a: getattr(attention, a) for a in scheme.head_attrs if hasattr(attention, a)}
+        counts = _head_attrs(attention)
+        unknown = sorted(a for a in counts if a not in HEAD_COUNT_ATTRS)
+        if unknown:
+            known = ", ".join(HEAD_COUNT_ATTRS)
+            raise ConfigError(
+                f"{where} ({type(attention).__name__}) keeps {unknown[0]}={counts[unknown[0]]},"
+                f" a head count AIR does not know how to split over tp={tp}: keep head counts"
+                f" in one of {known} (AIR divides those), or view the projections as"
+                " (batch, seq, -1, head_dim); or pass tp_plan= with a plan of your own"
+            )
+        q_width = None
         if isinstance(head_dim, int) and head_dim > 0:
             for name in scheme.qkv:
                 proj = getattr(attention, name, None)
                 if isinstance(proj, nn.Linear):
                     counts.setdefault(f"{name} heads", proj.out_features // head_dim)
+            q_proj = getattr(attention, scheme.qkv[0], None)
+            if isinstance(q_proj, nn.Linear):
+                q_width = q_proj.out_features
         for attr, count in counts.items():
-            if isinstance(count, int) and count % tp:
+            if count % tp:
                 raise ConfigError(
-                    f"{block_path}.{scheme.attention}: {attr}={count} is not a multiple of"
+                    f"{where}: {attr}={count} is not a multiple of"
                     f" tp={tp}: every tensor-parallel rank needs whole heads; use a tp that"
                     " divides the key/value heads, or more of them"
                 )
-        for attr in scheme.head_attrs:
+        for attr in HEAD_COUNT_ATTRS:
             value = getattr(attention, attr, None)
             if isinstance(value, int) and not isinstance(value, bool):
+                setattr(attention, attr, value // tp)
+        for attr in HEAD_WIDTH_ATTRS:
+            value = getattr(attention, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value == q_width:
                 setattr(attention, attr, value // tp)

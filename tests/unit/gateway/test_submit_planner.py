@@ -40,12 +40,13 @@ def test_a_job_that_cannot_fit_is_refused_with_a_layout_that_does(gw):
     assert r.status_code == 400
     detail = r.json()["detail"]
     assert detail.startswith("llama3-70b does not fit 1 x 8 H100 SXM with --dp-shard -1 --tp 8:")
-    assert "No layout fits 1 node(s); with 2 nodes --dp-shard -1 --tp" in detail
+    # what tensor parallel keeps whole counted (issue 20, D3): 70B needs 4 such nodes
+    assert "No layout fits 1 node(s); with 4 nodes" in detail
     assert gw.get("/v1/jobs").json()["jobs"] == []
 
 
 def test_a_job_that_fits_or_says_too_little_is_accepted(gw):
-    fits = job({"preset": "llama3-70b"}, nodes=2, parallelism={"tp": 8})
+    fits = job({"preset": "llama3-8b"}, nodes=2, parallelism={"tp": 8})
     assert gw.post("/v1/jobs", json=fits).status_code == 201
     assert gw.post("/v1/jobs", json=job(None)).status_code == 201  # no model: nothing to judge
     # the accelerator is not in the planner's table: nothing to judge either
