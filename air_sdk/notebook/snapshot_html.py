@@ -21,6 +21,7 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 
+from air_sdk.notebook.job_views import failure_text
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
 
@@ -414,13 +415,7 @@ def failure_html(snapshot: JobSnapshot, *, max_lines: int = DEFAULT_LOG_LINES) -
         title = f"attempt {failure.attempt} failed"
         if snapshot.attempt > failure.attempt:
             title += f" (recovered: attempt {snapshot.attempt})"
-    parts = [f"<b>{_esc(title)}:</b> {_esc(failure.reason or 'no reason recorded')}"]
-    if failure.rank is not None:
-        if failure.signal:
-            how = f"killed by signal {failure.signal}"
-        else:
-            how = f"exit code {failure.exit_code}"
-        parts.append(f"first failing rank: rank {failure.rank}, {_esc(how)}")
+    parts = [f"<b>{_esc(title)}:</b> {_esc(failure_text(failure))}"]
     others = [e for e in failure.rank_exits if not e.ok and e.rank != failure.rank]
     if others:
         parts.append("then: " + _esc("; ".join(e.describe() for e in others)))
@@ -561,12 +556,7 @@ def render_text(
         lines.append(f"checkpoints: {len(snapshot.checkpoints)} (latest at step {latest})")
     failure = snapshot.failure
     if failure is not None:
-        how = ""
-        if failure.rank is not None:
-            how = f" rank {failure.rank} " + (
-                f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
-            )
-        lines.append(f"attempt {failure.attempt} failed:{how}: {failure.reason}")
+        lines.append(f"attempt {failure.attempt} failed: {failure_text(failure)}")
         tail = list(failure.log_tail)
         if not tail and failure.rank is not None:
             tail = snapshot.log_tail.get(failure.rank, [])
