@@ -355,9 +355,12 @@ def _opt(value: float | None, fmt: str) -> str:
 
 
 def utilization_html(snapshot: JobSnapshot) -> str:
-    """One row per node and device: util %, memory, power ("" before any sample)."""
+    """One row per node and device: util %, memory, power ("" before any sample; once
+    the job ended, that it ended: its last sample is not how busy the devices are now)."""
     if not snapshot.utilization:
         return ""
+    if snapshot.state.terminal:
+        return f'<b>utilization</b> <span style="color:{_MUTED}">ended with the job</span>'
     rows = []
     for key in sorted(snapshot.utilization):
         s = snapshot.utilization[key]
@@ -385,7 +388,7 @@ def checkpoints_html(snapshot: JobSnapshot) -> str:
             format_bytes(ck.size_bytes),
             f"{ck.blocked_s:.2f} s",
             f"{ck.durable_s:.2f} s",
-            ck.path,
+            _short_path(ck.path),
         ]
         for ck in shown
     ]
@@ -393,6 +396,12 @@ def checkpoints_html(snapshot: JobSnapshot) -> str:
     note = f'<div style="color:{_MUTED};font-size:11px">and {older} older</div>' if older else ""
     count = len(snapshot.checkpoints)
     return f"<b>checkpoints ({count})</b>" + _table(columns, rows) + note
+
+
+def _short_path(path: str) -> str:
+    """The last two parts of a path: the run's checkpoint folder and the step's."""
+    parts = path.rstrip("/").split("/")
+    return path if len(parts) <= 3 else "…/" + "/".join(parts[-2:])
 
 
 def _pre(lines: Sequence[str]) -> str:
@@ -544,7 +553,7 @@ def render_text(
     perf = _perf_pieces(snapshot)
     if perf:
         lines.append("  ".join(perf))
-    for key in sorted(snapshot.utilization):
+    for key in sorted(snapshot.utilization) if not snapshot.state.terminal else ():
         s = snapshot.utilization[key]
         cells = [f"{s.node}/{s.device}", _opt(s.util_pct, "{:.0f}%")]
         if s.mem_used_mib is not None and s.mem_total_mib:
