@@ -27,7 +27,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from air_sdk.cli.act_on import goodput_text, hang_lines
+from air_sdk.cli.act_on import goodput_text, hang_lines, user_traceback
 from air_sdk.schema.api import JobRecord, MetricRow
 from air_sdk.schema.events import EventType, LogBatch
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
@@ -216,7 +216,8 @@ def failure_lines(
         lines.append(Text(f"(rank {failing_rank}'s last lines are above)", style="dim"))
     elif tail:
         lines.append(Text("last log lines:", style="dim"))
-        lines.extend(Text(f"  {line}") for line in tail[-FAILURE_TAIL_LINES:])
+        shown = user_traceback(tail, record.id)[-FAILURE_TAIL_LINES:]
+        lines.extend(Text(f"  {line}") for line in shown)
     return lines
 
 

@@ -4,10 +4,13 @@ output once (issue 21 item 6)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from clitest import FakeGateway, flat, invoke
 
+from air_sdk.runtime import _rank_main
 from air_sdk.schema import FailureInfo, JobState
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -123,3 +126,40 @@ def test_follow_prints_a_failing_ranks_traceback_once(gateway: FakeGateway, scri
     assert result.stdout.count("ValueError: x") == 1
     assert "failed: rank 0 exit code 1" in result.stdout.splitlines()
     assert "rank 0 exit code 1: rank 0 exit code 1" not in result.stdout
+
+
+def _real_traceback(tmp_path: Path, job_id: str) -> list[str]:
+    """What a rank prints when the user's module raises, run as AIR runs it: by the rank
+    launcher, in the job's code directory on the gateway."""
+    code = tmp_path / "home" / "jobs" / job_id / "code"
+    code.mkdir(parents=True)
+    (code / "helper.py").write_text('def main():\n    raise ValueError("bad lr")\n')
+    (code / "train.py").write_text("import helper\nhelper.main()\n")
+    launcher = Path(_rank_main.__file__)
+    ran = subprocess.run(
+        [sys.executable, "-u", str(launcher), "-m", "train"],
+        cwd=code,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 1 and "_rank_main.py" in ran.stderr  # the raw traceback has it
+    return ran.stderr.splitlines()
+
+
+def test_a_failures_traceback_shows_the_users_frames_and_paths(
+    gateway: FakeGateway, tmp_path: Path
+) -> None:
+    tail = _real_traceback(tmp_path, "train-4")
+    failure = FailureInfo(attempt=1, reason="", rank=0, exit_code=1, log_tail=tail)
+    gateway.add_job("train-4", JobState.FAILED, failure=failure)
+
+    result = invoke("status", "train-4")
+
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert 'File "train.py", line 2, in <module>' in lines
+    assert 'File "helper.py", line 2, in main' in lines
+    assert "ValueError: bad lr" in lines
+    assert "_rank_main" not in result.stdout and "runpy" not in result.stdout
+    assert "/jobs/train-4/code/" not in result.stdout
