@@ -13,50 +13,12 @@ from air_sdk.schema.api import JobRecord
 from air_sdk.schema.events import FailureInfo
 from air_sdk.schema.state import JobState
 
-__all__ = ["goodput_text", "hang_lines", "top_frames", "user_traceback"]
+__all__ = ["goodput_text", "hang_lines", "top_frames"]
 
 #: a frame line of `py-spy dump`: "    function (path/to/file.py:12)"
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<path>[^()]+?):(?P<line>\d+)\)\s*$")
 #: frames of these are Python's, a library's or AIR's, not the user's
 _NOT_USERS = ("site-packages/", "dist-packages/", "/lib/python3", "/air_sdk/", "<frozen ")
-
-
-#: a traceback's frame line: '  File "path", line 3, in main'
-_TB_FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<path>[^"]+)", line \d+')
-#: frames of AIR's launcher, not of the user's program
-_LAUNCHER = ("/air_sdk/runtime/_rank_main.py", "<frozen runpy>", "/runpy.py")
-
-
-def user_traceback(lines: list[str], job_id: str) -> list[str]:
-    """A rank's output lines with its tracebacks in the user's terms: AIR's launcher
-    frames (`_rank_main.py`, runpy) left out, and the job's code directory on the
-    gateway (`.../jobs/JOB/code/`) cut from paths, leaving them as in the workdir.
-
-    Example:
-        >>> user_traceback([
-        ...     '  File "/srv/air/air_sdk/runtime/_rank_main.py", line 252, in main',
-        ...     "    runpy.run_module(args[1])",
-        ...     '  File "<frozen runpy>", line 88, in _run_code',
-        ...     '  File "/home/air/jobs/j-1/code/train.py", line 2, in <module>',
-        ...     "    helper.main()"], "j-1")
-        ['  File "train.py", line 2, in <module>', '    helper.main()']
-    """
-    code_dir = re.compile(rf'File "[^"]*/jobs/{re.escape(job_id)}/code/')
-    shown: list[str] = []
-    skipping_indent: str | None = None
-    for line in lines:
-        frame = _TB_FRAME.match(line)
-        if frame:
-            launcher = any(mark in frame["path"] for mark in _LAUNCHER)
-            skipping_indent = frame["indent"] if launcher else None
-            if launcher:
-                continue
-        elif skipping_indent is not None and line.startswith(skipping_indent + "  "):
-            continue  # the launcher frame's source line (and caret line)
-        else:
-            skipping_indent = None
-        shown.append(code_dir.sub('File "', line))
-    return shown
 
 
 def _short(func: str, path: str, line: str) -> str:

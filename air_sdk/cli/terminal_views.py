@@ -27,12 +27,12 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from air_sdk.cli.act_on import goodput_text, hang_lines, user_traceback
+from air_sdk.cli.act_on import goodput_text, hang_lines
 from air_sdk.schema.api import JobRecord, MetricRow
 from air_sdk.schema.events import EventType, LogBatch
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
 from air_sdk.schema.state import JobState
-from air_sdk.text import plural
+from air_sdk.text import plural, user_traceback
 
 if TYPE_CHECKING:
     from air_sdk.client.job import Job

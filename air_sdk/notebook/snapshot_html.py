@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from air_sdk.notebook.job_views import failure_text
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
+from air_sdk.text import user_traceback
 
 __all__ = [
     "DEFAULT_LOG_LINES",
@@ -433,7 +434,7 @@ def failure_html(snapshot: JobSnapshot, *, max_lines: int = DEFAULT_LOG_LINES) -
         tail = snapshot.log_tail.get(failure.rank, [])
     body = "<br>".join(parts)
     if tail:
-        body += _pre(tail[-max_lines:])
+        body += _pre(user_traceback(tail, snapshot.job_id)[-max_lines:])
     return f'<div style="color:#b91c1c">{body}</div>'
 
 
@@ -569,7 +570,9 @@ def render_text(
         tail = list(failure.log_tail)
         if not tail and failure.rank is not None:
             tail = snapshot.log_tail.get(failure.rank, [])
-        lines.extend(f"  | {line}" for line in tail[-max_log_lines:])
+        lines.extend(
+            f"  | {line}" for line in user_traceback(tail, snapshot.job_id)[-max_log_lines:]
+        )
     elif snapshot.state is JobState.FAILED:
         lines.append(f"failed: {snapshot.state_reason or 'no reason recorded'}")
     return "\n".join(lines)
