@@ -1,5 +1,6 @@
 """Words for numbers in what users read: `plural` ("1 slot", "2 slots") and
-`span` ("ranks 0-1"). Pure standard library, so every layer may use it.
+`span` ("ranks 0-1"), and a rank's traceback in the user's terms (`user_traceback`).
+Pure standard library, so every layer may use it.
 
 Example:
     >>> plural(1, "slot"), plural(3, "process", "processes")
@@ -8,7 +9,9 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["plural", "span"]
+import re
+
+__all__ = ["plural", "span", "user_traceback"]
 
 
 def plural(count: int, noun: str, plural_form: str | None = None) -> str:
@@ -31,3 +34,41 @@ def span(noun: str, count: int) -> str:
     if count <= 1:
         return f"{noun} 0 only"
     return f"{noun}s 0-{count - 1}"
+
+
+#: a traceback's frame line: '  File "path", line 3, in main'
+_TB_FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<path>[^"]+)", line \d+')
+#: frames of AIR's launcher, not of the user's program
+_LAUNCHER = ("/air_sdk/runtime/_rank_main.py", "<frozen runpy>", "/runpy.py")
+
+
+def user_traceback(lines: list[str], job_id: str) -> list[str]:
+    """A rank's output lines with its tracebacks in the user's terms: AIR's launcher
+    frames (`_rank_main.py`, runpy) left out, and the job's code directory on the
+    gateway (`.../jobs/JOB/code/`) cut from paths, leaving them as in the workdir.
+
+    Example:
+        >>> user_traceback([
+        ...     '  File "/srv/air/air_sdk/runtime/_rank_main.py", line 252, in main',
+        ...     "    runpy.run_module(args[1])",
+        ...     '  File "<frozen runpy>", line 88, in _run_code',
+        ...     '  File "/home/air/jobs/j-1/code/train.py", line 2, in <module>',
+        ...     "    helper.main()"], "j-1")
+        ['  File "train.py", line 2, in <module>', '    helper.main()']
+    """
+    code_dir = re.compile(rf'File "[^"]*/jobs/{re.escape(job_id)}/code/')
+    shown: list[str] = []
+    skipping_indent: str | None = None
+    for line in lines:
+        frame = _TB_FRAME.match(line)
+        if frame:
+            launcher = any(mark in frame["path"] for mark in _LAUNCHER)
+            skipping_indent = frame["indent"] if launcher else None
+            if launcher:
+                continue
+        elif skipping_indent is not None and line.startswith(skipping_indent + "  "):
+            continue  # the launcher frame's source line (and caret line)
+        else:
+            skipping_indent = None
+        shown.append(code_dir.sub('File "', line))
+    return shown

@@ -28,12 +28,13 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from air_sdk.cli.act_on import goodput_text, hang_lines
 from air_sdk.schema.api import JobRecord, MetricRow
 from air_sdk.schema.events import EventType, LogBatch
 from air_sdk.schema.numbers import format_value
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
 from air_sdk.schema.state import JobState
-from air_sdk.text import plural
+from air_sdk.text import plural, user_traceback
 
 if TYPE_CHECKING:
     from air_sdk.client.job import Job
@@ -157,8 +158,11 @@ def jobs_table(records: Sequence[JobRecord], *, now: float | None = None) -> Tab
     return table
 
 
-def failure_lines(record: JobRecord, snapshot: JobSnapshot | None = None) -> list[Text]:
-    """What failed: the first failing rank, how it ended, and its last log lines.
+def failure_lines(
+    record: JobRecord, snapshot: JobSnapshot | None = None, *, shown_ranks: Iterable[int] = ()
+) -> list[Text]:
+    """What failed: the first failing rank, how it ended, and its last log lines (unless
+    its output was printed already: `shown_ranks`, as `--follow` prints them).
 
     Example:
         >>> from air_sdk.schema import FailureInfo, JobSpec
@@ -176,9 +180,11 @@ def failure_lines(record: JobRecord, snapshot: JobSnapshot | None = None) -> lis
     lines: list[Text] = []
     failure = record.failure
     tail: list[str] = []
+    failing_rank: int | None = None
     if failure is not None:
+        failing_rank = failure.rank
         where = ""
-        if failure.rank is not None:
+        if failure.rank is not None and (failure.signal or failure.exit_code is not None):
             how = (
                 f"killed by {failure.signal}"
                 if failure.signal
@@ -194,6 +200,7 @@ def failure_lines(record: JobRecord, snapshot: JobSnapshot | None = None) -> lis
             )
         text = ": ".join(part for part in (where, reason) if part) or "no reason recorded"
         lines.append(Text(f"failed: {text}", style="bold red"))
+        lines.extend(Text(f"  {line}") for line in hang_lines(failure))
         tail = list(failure.log_tail)
         if not tail and failure.rank is not None and snapshot is not None:
             tail = snapshot.log_tail.get(failure.rank, [])
@@ -201,14 +208,18 @@ def failure_lines(record: JobRecord, snapshot: JobSnapshot | None = None) -> lis
         bad = [e for e in snapshot.rank_exits if not e.ok]
         if bad:
             lines.append(Text(f"failed: {bad[0].describe()}", style="bold red"))
+            failing_rank = bad[0].rank
             tail = list(bad[0].tail) or snapshot.log_tail.get(bad[0].rank, [])
     if not lines:
         lines.append(
             Text(f"failed: {record.state_reason or 'no reason recorded'}", style="bold red")
         )
-    if tail:
+    if tail and failing_rank is not None and failing_rank in set(shown_ranks):
+        lines.append(Text(f"(rank {failing_rank}'s last lines are above)", style="dim"))
+    elif tail:
         lines.append(Text("last log lines:", style="dim"))
-        lines.extend(Text(f"  {line}") for line in tail[-FAILURE_TAIL_LINES:])
+        shown = user_traceback(tail, record.id)[-FAILURE_TAIL_LINES:]
+        lines.extend(Text(f"  {line}") for line in shown)
     return lines
 
 
@@ -233,6 +244,8 @@ def status_text(record: JobRecord, snapshot: JobSnapshot | None) -> Group:
             parts.append(Text(f"waiting: {record.queue_reason}"))
     if snapshot is not None and snapshot.step is not None:
         parts.append(Text(progress_metrics(snapshot)))
+    if record.goodput is not None:
+        parts.append(Text(goodput_text(record)))
     if record.cancel_requested and not record.state.terminal:
         parts.append(Text("cancel requested", style="yellow"))
     if record.state is JobState.FAILED:
@@ -332,7 +345,7 @@ def outcome_line(record: JobRecord) -> str:
     else:
         pieces.append(record.state.value.lower())
     if record.goodput is not None:
-        pieces.append(f"goodput {record.goodput:.0%}")
+        pieces.append(goodput_text(record))
     return ", ".join(pieces)
 
 
@@ -369,7 +382,7 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
         if rate is not None:
             rows.append(("steps/second", f"{rate:.1f}"))
         if record.goodput is not None:
-            rows.append(("goodput", f"{record.goodput:.0%}"))
+            rows.append(("goodput", goodput_text(record).removeprefix("goodput ")))
     if snapshot.tokens_per_s is not None:
         rows.append(("tokens/second", _si(snapshot.tokens_per_s)))
     if snapshot.mfu is not None:
@@ -484,7 +497,11 @@ def follow_to_end(job: Job, console: Console, *, log_ranks: LogRanks = "rank0") 
     snapshot, record = watch(job, console, log_ranks=log_ranks)
     console.print(summary_table(record, snapshot))
     if record.state is JobState.FAILED:
-        for line in failure_lines(record, snapshot):
+        # the ranks whose output was printed above: their tracebacks are not shown again
+        printed = {
+            r for r in snapshot.log_tail if log_ranks == "all" or (log_ranks, r) == ("rank0", 0)
+        }
+        for line in failure_lines(record, snapshot, shown_ranks=printed):
             console.print(line, soft_wrap=True)
     elif record.state is not JobState.SUCCEEDED:
         console.print(

@@ -483,5 +483,6 @@ def _failure_reason(record: JobRecord) -> str:
     parts = [failure.reason or record.state_reason or "failed"]
     if failure.rank is not None:
         how = f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
-        parts.append(f"rank {failure.rank} {how}")
+        if not parts[0].startswith(f"rank {failure.rank} {how}"):  # say it once
+            parts.append(f"rank {failure.rank} {how}")
     return "; ".join(parts)

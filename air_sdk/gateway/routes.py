@@ -177,7 +177,9 @@ def list_jobs(
 def get_job(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> JobRecord:
     job = _with_queue_position(ctx, _job_or_404(ctx, principal, job_id))
     if job.attempt:
-        job = job.model_copy(update={"goodput": _accounting(ctx, job).goodput})
+        acc = _accounting(ctx, job)
+        update = {"goodput": acc.goodput, "productive_s": sum(acc.productive_s.values())}
+        job = job.model_copy(update={**update, "wall_s": acc.wall_s})
     return job
 
 

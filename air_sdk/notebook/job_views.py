@@ -20,8 +20,34 @@ from air_sdk.text import plural
 if TYPE_CHECKING:
     from air_sdk.client import Client
     from air_sdk.schema.api import JobRecord
+    from air_sdk.schema.events import FailureInfo
 
-__all__ = ["JobsTable", "format_age", "gateway_status_text", "job_status_text"]
+__all__ = ["JobsTable", "failure_text", "format_age", "gateway_status_text", "job_status_text"]
+
+
+def failure_text(failure: FailureInfo) -> str:
+    """The failing rank, how it ended and why, each said once (a runner's reason often
+    is already "rank 0 exit code 1").
+
+    Example:
+        >>> from air_sdk.schema import FailureInfo
+        >>> failure_text(FailureInfo(attempt=1, reason="rank 0 exit code 1", rank=0, exit_code=1))
+        'rank 0 exit code 1'
+        >>> failure_text(FailureInfo(attempt=1, reason="worker crashed", rank=1, signal="SIGKILL"))
+        'rank 1 killed by signal SIGKILL: worker crashed'
+    """
+    where = ""
+    if failure.rank is not None and (failure.signal or failure.exit_code is not None):
+        how = (
+            f"killed by signal {failure.signal}"
+            if failure.signal
+            else f"exit code {failure.exit_code}"
+        )
+        where = f"rank {failure.rank} {how}"
+    reason = failure.reason or ""
+    if where and reason.startswith(where):
+        return reason
+    return ": ".join(part for part in (where, reason) if part) or "no reason recorded"
 
 
 def format_age(seconds: float) -> str:
@@ -59,12 +85,7 @@ def job_status_text(record: JobRecord) -> str:
     ]
     failure = record.failure
     if failure is not None:
-        how = ""
-        if failure.rank is not None:
-            how = f" rank {failure.rank} " + (
-                f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
-            )
-        lines.append(f"  failed (attempt {failure.attempt}):{how}: {failure.reason}")
+        lines.append(f"  failed (attempt {failure.attempt}): {failure_text(failure)}")
         lines.extend(f"    {text}" for text in failure.log_tail[-10:])
     return "\n".join(lines)
 

@@ -47,6 +47,7 @@ from air_sdk.client._http import retrying
 from air_sdk.errors import AuthError, JobTimeoutError, NotFoundError
 from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import render_chart_png
+from air_sdk.notebook.display_copies import DisplayCopies
 from air_sdk.notebook.monitor_view import MonitorView, chart_key_of, chosen_metric, monitor_view
 from air_sdk.schema.events import Event
 from air_sdk.schema.snapshot import JobSnapshot
@@ -152,6 +153,8 @@ class JobMonitor:
         self._syncing = False
         self._follower: threading.Thread | None = None
         self._renderer: threading.Thread | None = None
+        #: where the monitor was displayed: its saved copies get the final state
+        self._copies = DisplayCopies()
         self._build_widgets()
         if start:
             self.start()
@@ -249,6 +252,13 @@ class JobMonitor:
             if key in view:
                 bundle[key] = view[key]
         return bundle
+
+    def _ipython_display_(self) -> None:
+        # Displayed under a display id, so the final redraw can update the static copy a
+        # saved notebook keeps (else it stays at the state it was displayed in).
+        self._copies.show(self._repr_mimebundle_())
+        if self._rendered_final:  # ended while it was being displayed
+            self._copies.update(self._repr_mimebundle_())
 
     def __repr__(self) -> str:
         with self._lock:
@@ -464,6 +474,7 @@ class JobMonitor:
                 self._render_safely()
                 if ending:
                     self._rendered_final = True
+                    self._copies.update(self._repr_mimebundle_())
         finally:
             with self._changed:
                 self._live = False

@@ -21,8 +21,10 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 
+from air_sdk.notebook.job_views import failure_text
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
+from air_sdk.text import user_traceback
 
 __all__ = [
     "DEFAULT_LOG_LINES",
@@ -354,9 +356,12 @@ def _opt(value: float | None, fmt: str) -> str:
 
 
 def utilization_html(snapshot: JobSnapshot) -> str:
-    """One row per node and device: util %, memory, power ("" before any sample)."""
+    """One row per node and device: util %, memory, power ("" before any sample; once
+    the job ended, that it ended: its last sample is not how busy the devices are now)."""
     if not snapshot.utilization:
         return ""
+    if snapshot.state.terminal:
+        return f'<b>utilization</b> <span style="color:{_MUTED}">ended with the job</span>'
     rows = []
     for key in sorted(snapshot.utilization):
         s = snapshot.utilization[key]
@@ -384,7 +389,7 @@ def checkpoints_html(snapshot: JobSnapshot) -> str:
             format_bytes(ck.size_bytes),
             f"{ck.blocked_s:.2f} s",
             f"{ck.durable_s:.2f} s",
-            ck.path,
+            _short_path(ck.path),
         ]
         for ck in shown
     ]
@@ -392,6 +397,12 @@ def checkpoints_html(snapshot: JobSnapshot) -> str:
     note = f'<div style="color:{_MUTED};font-size:11px">and {older} older</div>' if older else ""
     count = len(snapshot.checkpoints)
     return f"<b>checkpoints ({count})</b>" + _table(columns, rows) + note
+
+
+def _short_path(path: str) -> str:
+    """The last two parts of a path: the run's checkpoint folder and the step's."""
+    parts = path.rstrip("/").split("/")
+    return path if len(parts) <= 3 else "…/" + "/".join(parts[-2:])
 
 
 def _pre(lines: Sequence[str]) -> str:
@@ -414,13 +425,7 @@ def failure_html(snapshot: JobSnapshot, *, max_lines: int = DEFAULT_LOG_LINES) -
         title = f"attempt {failure.attempt} failed"
         if snapshot.attempt > failure.attempt:
             title += f" (recovered: attempt {snapshot.attempt})"
-    parts = [f"<b>{_esc(title)}:</b> {_esc(failure.reason or 'no reason recorded')}"]
-    if failure.rank is not None:
-        if failure.signal:
-            how = f"killed by signal {failure.signal}"
-        else:
-            how = f"exit code {failure.exit_code}"
-        parts.append(f"first failing rank: rank {failure.rank}, {_esc(how)}")
+    parts = [f"<b>{_esc(title)}:</b> {_esc(failure_text(failure))}"]
     others = [e for e in failure.rank_exits if not e.ok and e.rank != failure.rank]
     if others:
         parts.append("then: " + _esc("; ".join(e.describe() for e in others)))
@@ -429,7 +434,7 @@ def failure_html(snapshot: JobSnapshot, *, max_lines: int = DEFAULT_LOG_LINES) -
         tail = snapshot.log_tail.get(failure.rank, [])
     body = "<br>".join(parts)
     if tail:
-        body += _pre(tail[-max_lines:])
+        body += _pre(user_traceback(tail, snapshot.job_id)[-max_lines:])
     return f'<div style="color:#b91c1c">{body}</div>'
 
 
@@ -549,7 +554,7 @@ def render_text(
     perf = _perf_pieces(snapshot)
     if perf:
         lines.append("  ".join(perf))
-    for key in sorted(snapshot.utilization):
+    for key in sorted(snapshot.utilization) if not snapshot.state.terminal else ():
         s = snapshot.utilization[key]
         cells = [f"{s.node}/{s.device}", _opt(s.util_pct, "{:.0f}%")]
         if s.mem_used_mib is not None and s.mem_total_mib:
@@ -561,16 +566,13 @@ def render_text(
         lines.append(f"checkpoints: {len(snapshot.checkpoints)} (latest at step {latest})")
     failure = snapshot.failure
     if failure is not None:
-        how = ""
-        if failure.rank is not None:
-            how = f" rank {failure.rank} " + (
-                f"signal {failure.signal}" if failure.signal else f"exit code {failure.exit_code}"
-            )
-        lines.append(f"attempt {failure.attempt} failed:{how}: {failure.reason}")
+        lines.append(f"attempt {failure.attempt} failed: {failure_text(failure)}")
         tail = list(failure.log_tail)
         if not tail and failure.rank is not None:
             tail = snapshot.log_tail.get(failure.rank, [])
-        lines.extend(f"  | {line}" for line in tail[-max_log_lines:])
+        lines.extend(
+            f"  | {line}" for line in user_traceback(tail, snapshot.job_id)[-max_log_lines:]
+        )
     elif snapshot.state is JobState.FAILED:
         lines.append(f"failed: {snapshot.state_reason or 'no reason recorded'}")
     return "\n".join(lines)

@@ -176,14 +176,18 @@ def pump_output(
     idle: threading.Event | None = None,
 ) -> None:
     """Copy a rank's output line by line: prefixed `[rank N] ` to `out` (default: this
-    process's stdout), into `tail` and to the gateway. Returns at EOF. `idle`, when
-    given, is set while every line read so far was handled and the pump waits on the
-    pipe (what a rank's exit waits for, so its last lines are never cut off).
+    process's stdout), into `tail` and to the gateway, without torch's own `[rankN]: `.
+    Returns at EOF. `idle`, when given, is set while every line read so far was
+    handled and the pump waits on the pipe (what a rank's exit waits for, so its last
+    lines are never cut off).
 
     Example:
         >>> pump_output(io.BytesIO(b"hi\\n"), 0, deque(), threading.Lock(), shipper)  # doctest: +SKIP
     """
     prefix = f"[rank {rank}] "
+    # torch.distributed's excepthook writes each traceback line as "[rank0]: ..."; the
+    # line already says its rank once (ours), so theirs goes
+    torch_prefix = f"[rank{rank}]: "
     if out is None:
         out = getattr(sys.stdout, "buffer", None)
     if idle is not None and isinstance(stream, io.BufferedReader):
@@ -199,7 +203,7 @@ def pump_output(
             continue
         cut = not complete and len(raw) >= _READ_LIMIT
         line = raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
-        line = line[:MAX_LOG_LINE_CHARS]
+        line = line.removeprefix(torch_prefix)[:MAX_LOG_LINE_CHARS]
         with tail_lock:
             tail.append(line)
         shipper.add_line(line)

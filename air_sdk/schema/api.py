@@ -110,6 +110,10 @@ class JobRecord(_Wire):
     queue_reason: str | None = None
     #: productive training time / wall time, from the attempts' progress and checkpoints
     goodput: float | None = None
+    #: what goodput divides: seconds of training whose work was kept, and the wall time
+    #: from the first attempt's launch to the end (or now); the rest is start-up and loss
+    productive_s: float | None = None
+    wall_s: float | None = None
 
 
 class JobStatus(JobRecord):
