@@ -130,7 +130,7 @@ def bwrap_argv(spec: SandboxSpec, bwrap: str = "bwrap") -> list[str]:
         >>> argv = bwrap_argv(SandboxSpec(hide=["/h"], writable=["/h/c"], tmp="/h/t",
         ...                               read_only=["/h/c/n"], devices=["/dev/nvidia0"]))
         >>> " ".join(argv[argv.index("--proc"):])
-        '--proc /proc --bind /h/t /tmp --tmpfs /h --bind /h/c /h/c --ro-bind-try /h/c/n /h/c/n --unshare-pid --die-with-parent --new-session --'
+        '--proc /proc --bind /h/t /tmp --tmpfs /h --bind /h/c /h/c --ro-bind-try /h/c/n /h/c/n --unshare-user --disable-userns --cap-drop ALL --unshare-pid --die-with-parent --new-session --'
         >>> argv[argv.index("--dev-bind-try"):argv.index("--dev-bind-try") + 3]
         ['--dev-bind-try', '/dev/nvidia0', '/dev/nvidia0']
     """
