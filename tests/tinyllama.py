@@ -29,7 +29,8 @@ def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, s: ModelShape) -> None:
         super().__init__()
-        self.heads, self.kv, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
+        # head counts under names AIR divides under tensor parallel (forward views with -1)
+        self.n_heads, self.n_kv_heads, self.dim = s.num_heads, s.num_kv_heads, s.head_dim
         self.wq = nn.Linear(s.hidden_size, s.hidden_size, bias=False)
         self.wk = nn.Linear(s.hidden_size, s.kv_size, bias=False)
         self.wv = nn.Linear(s.hidden_size, s.kv_size, bias=False)
