@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -69,19 +70,8 @@ def render_chart_png(
     axes.plot(steps, values, color=_LINE, linewidth=1.4, label=metric)
     if len(points) == 1:
         axes.plot(steps, values, "o", color=_LINE, markersize=4)
-    if non_finite_steps:
-        # x in data coordinates, y in axes coordinates: at the top, whatever the scale.
-        axes.plot(
-            non_finite_steps,
-            [0.97] * len(non_finite_steps),
-            "x",
-            color=_NON_FINITE,
-            markersize=5,
-            transform=axes.get_xaxis_transform(),
-            clip_on=False,
-            label="nan/inf",
-            linestyle="none",
-        )
+    if non_finite_steps:  # at the top
+        _step_marks(axes, non_finite_steps, 0.97, "x", _NON_FINITE, "nan/inf")
 
     finite = [v for v in values if not math.isnan(v)]
     if finite and min(finite) > 0 and max(finite) / min(finite) > 100:
@@ -96,20 +86,8 @@ def render_chart_png(
             label="restart" if i == 0 else None,
         )
     checkpoint_steps = [ck.step for ck in snapshot.checkpoints]
-    if checkpoint_steps:
-        # x in data coordinates, y in axes coordinates: the marks sit on the step axis
-        # whatever the metric's scale.
-        axes.plot(
-            checkpoint_steps,
-            [0.03] * len(checkpoint_steps),
-            "^",
-            color=_CHECKPOINT,
-            markersize=5,
-            transform=axes.get_xaxis_transform(),
-            clip_on=False,
-            label="checkpoint",
-            linestyle="none",
-        )
+    if checkpoint_steps:  # on the step axis
+        _step_marks(axes, checkpoint_steps, 0.03, "^", _CHECKPOINT, "checkpoint")
 
     # Few ticks, no minor ones on a linear axis: every tick is a handful of artists.
     axes.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
@@ -138,3 +116,21 @@ def render_chart_png(
     buffer = io.BytesIO()
     canvas.print_png(buffer)
     return buffer.getvalue()
+
+
+def _step_marks(
+    axes: Any, steps: list[int], height: float, marker: str, color: str, label: str
+) -> None:
+    """Markers at `steps`, at `height` of the axes (x in data coordinates, y in axes
+    coordinates: they sit where they are whatever the metric's scale)."""
+    axes.plot(
+        steps,
+        [height] * len(steps),
+        marker,
+        color=color,
+        markersize=5,
+        transform=axes.get_xaxis_transform(),
+        clip_on=False,
+        label=label,
+        linestyle="none",
+    )
