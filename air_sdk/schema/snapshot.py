@@ -76,9 +76,14 @@ class JobSnapshot(BaseModel):
     latest: dict[str, float] = Field(default_factory=dict)
     #: name -> [(step, value)] from the lowest rank that reports, for charts
     series: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
+    #: the first and latest points of `rate_rank`, the lowest rank that reported: the
+    #: rate is measured on one rank's progress (ranks start and end apart; a rate from
+    #: one rank's first point to another's last can be negative or missing)
     first_point_ts: float | None = None
     first_point_step: int | None = None
     last_point_ts: float | None = None
+    last_point_step: int | None = None
+    rate_rank: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
     rank_exits: list[RankExit] = Field(default_factory=list)
@@ -113,7 +118,8 @@ class JobSnapshot(BaseModel):
             or self.last_point_ts <= self.first_point_ts
         ):
             return None
-        return (self.step - self.first_point_step) / (self.last_point_ts - self.first_point_ts)
+        last_step = self.step if self.last_point_step is None else self.last_point_step
+        return (last_step - self.first_point_step) / (self.last_point_ts - self.first_point_ts)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -193,12 +199,18 @@ class JobSnapshot(BaseModel):
             self.ended_at = ts
 
     def _on_metrics(self, rank: int, batch: MetricsBatch) -> None:
+        if batch.points and (self.rate_rank is None or rank < self.rate_rank):
+            self.rate_rank = rank  # a lower rank's points replace a higher one's
+            self.first_point_ts = self.last_point_ts = None
+            self.first_point_step = self.last_point_step = None
         for p in batch.points:
-            if self.first_point_ts is None:
-                self.first_point_ts, self.first_point_step = p.ts, p.step
+            if rank == self.rate_rank:
+                if self.first_point_ts is None:
+                    self.first_point_ts, self.first_point_step = p.ts, p.step
+                if self.last_point_step is None or p.step >= self.last_point_step:
+                    self.last_point_ts, self.last_point_step = p.ts, p.step
             if self.step is None or p.step >= self.step:
                 self.step = p.step
-                self.last_point_ts = p.ts
             for name, value in p.values.items():
                 if rank == 0 or name not in self.latest:
                     self.latest[name] = value
