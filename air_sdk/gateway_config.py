@@ -292,6 +292,12 @@ class GatewayOptions(BaseSettings):
             " home). Never the home or an ancestor of it (docs/security.md).",
         )
     )
+    export_uris: Annotated[tuple[str, ...], Flag("--export-uri", metavar="PREFIX")] = Field(
+        (),
+        description="MLflow tracking server a job may export to (`--export mlflow=URI`): a URI"
+        " prefix (repeat). Default none: jobs export to a SQLite store the gateway keeps, and"
+        " no job makes the gateway call a server of its choosing.",
+    )
     max_preemption_grace_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
         120.0,
         ge=0,

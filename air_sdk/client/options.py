@@ -187,6 +187,17 @@ class JobOptions(TypedDict, total=False):
             " land in its code copy, which `air gc` deletes.",
         ),
     ]
+    export: Annotated[
+        Sequence[str] | None,
+        Option(
+            spec="export",
+            metavar="TO[=DEST]",
+            help="Forward the job's air.log metrics, checkpoints and final state to a tracker:"
+            " mlflow[=TRACKING_URI], wandb[=PROJECT] or tensorboard (repeat, or TO,TO). The"
+            " gateway does it from the event log, so ranks pay nothing; credentials"
+            " (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN) go in --env and are kept secret.",
+        ),
+    ]
     pool: Annotated[
         str,
         Option(
@@ -435,13 +446,17 @@ def job_spec_fields(
             raise SpecError(f"unknown job option {name!r} ({hint})")
         if value is None or option.info.spec is None:
             continue
-        if option.is_list:  # env_from_shell: merged into env below
+        if option.is_list and option.info.spec == "env":  # env_from_shell: merged below
             continue
         *parents, leaf = option.info.spec.split(".")
         target = fields
         for part in parents:
             target = target.setdefault(part, {})
-        target[leaf] = dict(value) if option.is_mapping else value
+        if option.is_mapping:
+            value = dict(value)
+        elif option.is_list:
+            value = [value] if isinstance(value, str) else list(value)
+        target[leaf] = value
     names = options.get("env_from_shell")
     if names:
         env = fields.setdefault("env", {})

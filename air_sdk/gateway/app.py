@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 import air_sdk
+from air_sdk.export.service import ExportService
 from air_sdk.gateway.bodies import add_body_schemas, describe_errors
 from air_sdk.gateway.options import SecurityOptions
 from air_sdk.gateway.security import install
@@ -59,6 +60,8 @@ class GatewayContext:
     home: Path
     #: why no tenant but the default may be made (an unsandboxed local backend), or None
     tenant_refusal: str | None = None
+    #: forwards exporting jobs' events to trackers (None: this gateway exports nothing)
+    exports: ExportService | None = None
 
     @property
     def bundles_dir(self) -> Path:
@@ -158,10 +161,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if start_runner:
             ctx.runner.start()
+            if ctx.exports is not None:
+                ctx.exports.start()
         try:
             yield
         finally:
             if start_runner:
+                if ctx.exports is not None:
+                    ctx.exports.stop()
                 ctx.runner.stop()
 
     app = FastAPI(

@@ -130,7 +130,12 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     if refusal is not None and len(store.list_tenants()) > 1:
         store.close()
         raise ConfigError(f"this gateway's home has more than one tenant, but {refusal}")
-    ctx = GatewayContext(store=store, runner=runner, home=opts.home, tenant_refusal=refusal)
+    from air_sdk.export.service import ExportService
+
+    exports = ExportService(store, opts.home / "exports", allowed_uris=opts.export_uris)
+    ctx = GatewayContext(
+        store=store, runner=runner, home=opts.home, tenant_refusal=refusal, exports=exports
+    )
     app = create_app(ctx, security=security_options(opts))
     return app, token
 

@@ -42,6 +42,7 @@ from air_sdk.schema.events import (
     Event,
     EventPayload,
     EventType,
+    ExportStatus,
     FunctionResult,
     LogBatch,
     MetricPoint,
@@ -53,6 +54,7 @@ from air_sdk.schema.events import (
     UtilBatch,
     WorkerReport,
 )
+from air_sdk.schema.export import ExportTarget
 from air_sdk.schema.gc import GcJob, GcReport, GcRequest
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.spec import (
@@ -90,6 +92,8 @@ __all__ = [
     "EventType",
     "FailureInfo",
     "FailurePolicySpec",
+    "ExportStatus",
+    "ExportTarget",
     "FunctionResult",
     "GcJob",
     "GcReport",

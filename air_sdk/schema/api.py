@@ -37,6 +37,7 @@ from air_sdk.schema.events import (
     CheckpointRestore,
     CheckpointSkip,
     Event,
+    ExportStatus,
     FailureInfo,
     FailureKind,
     MetricsBatch,
@@ -126,6 +127,8 @@ class JobStatus(JobRecord):
 
     #: the latest step the job logged (`air.log`), as its snapshot folds it; None before any
     step: int | None = None
+    #: tracker -> where the gateway exports the job and how it went (`--export`)
+    exports: dict[str, ExportStatus] = Field(default_factory=dict)
 
 
 class JobList(_Wire):

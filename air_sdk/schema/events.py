@@ -19,6 +19,7 @@ through it (never as dicts by key):
 | `util`       | `UtilBatch` (`DeviceSample`s), rank set                     | worker reports     |
 | `alert`      | `Alert` (straggler, reattached, ...)                        | the runner         |
 | `result`     | `FunctionResult` (an `@air_sdk.distributed` call), rank set | worker reports     |
+| `export`     | `ExportStatus` (where a tracker export goes, done, failed)  | the export service |
 
 On the wire and in the store an event's `data` is the payload's JSON, as it
 always was, so stored rows read back unchanged. A reader ignores fields it does
@@ -74,6 +75,7 @@ class EventType(str, Enum):
     UTIL = "util"
     ALERT = "alert"
     RESULT = "result"
+    EXPORT = "export"
 
 
 EventType._repr_pretty_ = show_value  # type: ignore[attr-defined]
@@ -215,6 +217,21 @@ class Alert(_Payload):
     rank: int | None = None
     #: the event type the alert is about (a `quota` alert: `log` or `metrics`)
     of: str | None = None
+
+
+class ExportStatus(_Payload):
+    """Where the gateway exports the job to one tracker (`JobSpec.export`), and how it
+    went: `running` (with where the data goes), `done`, or `failed` (with why).
+
+    Example:
+        >>> ExportStatus(to="tensorboard", state="running", location="/h/exports/j/tb").state
+        'running'
+    """
+
+    to: str
+    state: Literal["running", "done", "failed"]
+    location: str = ""
+    error: str = ""
 
 
 # ---- what workers report ------------------------------------------------------------------
@@ -390,6 +407,7 @@ EventPayload: TypeAlias = (
     | UtilBatch
     | Alert
     | FunctionResult
+    | ExportStatus
 )
 
 #: event type -> the payload models it may hold (one, except checkpoints)
@@ -403,6 +421,7 @@ PAYLOAD_MODELS: dict[EventType, tuple[type[_Payload], ...]] = {
     EventType.UTIL: (UtilBatch,),
     EventType.ALERT: (Alert,),
     EventType.RESULT: (FunctionResult,),
+    EventType.EXPORT: (ExportStatus,),
 }
 _TYPE_OF: dict[type[_Payload], EventType] = {
     model: etype for etype, models in PAYLOAD_MODELS.items() for model in models

@@ -19,6 +19,7 @@ from air_sdk.schema.events import (
     CheckpointSkip,
     DeviceSample,
     Event,
+    ExportStatus,
     FailureInfo,
     LogBatch,
     MetricsBatch,
@@ -100,6 +101,8 @@ class JobSnapshot(BaseModel):
     skipped_checkpoints: list[CheckpointSkip] = Field(default_factory=list)
     #: the step the current attempt resumed from (None: it started from scratch)
     resumed_from_step: int | None = None
+    #: tracker -> where the gateway exports the job and how it went (`JobSpec.export`)
+    exports: dict[str, ExportStatus] = Field(default_factory=dict)
 
     @classmethod
     def fold(cls, job_id: str, events: list[Event]) -> JobSnapshot:
@@ -181,6 +184,8 @@ class JobSnapshot(BaseModel):
                 self.skipped_checkpoints.append(skip)
             case CheckpointRestore() as restore:
                 self.resumed_from_step = restore.step
+            case ExportStatus() as export:
+                self.exports[export.to] = export
             case Alert():
                 pass  # shown by the readers that list alerts, not part of the fold
 

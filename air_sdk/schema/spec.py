@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from air_sdk.schema._guards import WireModel, bounded_mapping
+from air_sdk.schema.export import ExportTarget, parse_targets
 from air_sdk.schema.names import (
     ACCELERATOR,
     ENV_NAME,
@@ -357,6 +358,12 @@ class JobSpec(_Frozen):
         " fsspec URL; None: <gateway home>/outputs/<job id> (on Ray, under AIR_RAY_STORAGE).",
     )
     failure: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
+    export: list[ExportTarget] = Field(
+        default_factory=list,
+        max_length=3,
+        description="Trackers the gateway forwards the job's metrics, checkpoints and final"
+        " state to (mlflow, wandb, tensorboard; one each), from the event log.",
+    )
     bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
 
     @field_validator("name")
@@ -467,6 +474,20 @@ class JobSpec(_Frozen):
             )
         if "://" not in v and ".." in v.split("/"):
             raise ValueError(f"output_dir {v!r} holds '..': give the directory itself")
+        return v
+
+    @field_validator("export", mode="before")
+    @classmethod
+    def _export_texts(cls, v: object) -> object:
+        return parse_targets(v)
+
+    @field_validator("export")
+    @classmethod
+    def _export_once_each(cls, v: list[ExportTarget]) -> list[ExportTarget]:
+        seen = [t.to for t in v]
+        twice = sorted({to for to in seen if seen.count(to) > 1})
+        if twice:
+            raise ValueError(f"export names {', '.join(twice)} twice: one destination each")
         return v
 
     @field_validator("bundle_sha256")

@@ -61,10 +61,15 @@ RULES: dict[str, Rule] = {
         lazily="bundle config",  # config: the client config dir a sandbox hides
         never=f"fastapi starlette uvicorn requests {NOTEBOOK_UI}",
     ),
+    # tracker exports, run by the gateway from the event log; the trackers' libraries only
+    # in the worker process (writers import them inside the writer they serve)
+    "export": rule(
+        "export schema store", never=f"fastapi starlette uvicorn requests typer {NOTEBOOK_UI}"
+    ),
     # the HTTP face may use everything below it; of the client only the local-gateway helper
     "gateway": rule(
         "gateway runner store scheduler schema bundle redact errors config gateway_config"
-        " client.local_gateway client.ports planner procs",
+        " client.local_gateway client.ports planner procs export",
         never=f"torch typer {NOTEBOOK_UI}",
     ),
     # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()

@@ -53,6 +53,12 @@ def refusal(ctx: GatewayContext, tenant: str, spec: JobSpec) -> str | None:
     too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])
     if too_big is not None:
         return too_big
+    if spec.export:
+        if ctx.exports is None:
+            return "this gateway exports to no tracker: submit without --export"
+        why = ctx.exports.refusal(spec)
+        if why is not None:
+            return why
     return job_paths.submit_refusal(spec, ctx.runner.backend)
 
 
@@ -84,4 +90,6 @@ def submit_job(
         ) from exc
     if created:
         ctx.runner.wake()
+        if spec.export and ctx.exports is not None:
+            ctx.exports.watch(job.id)
     return job, created

@@ -52,7 +52,15 @@ GIVEN: dict[str, Any] = {
     "pp": 1,
     "cp": 1,
     "model": "gpt2-124m",
+    "export": ["tensorboard"],
 }
+
+
+def _as_given(value: Any) -> Any:
+    """A spec value in the form GIVEN writes it (export targets as `TO[=DEST]` texts)."""
+    if isinstance(value, list) and value and hasattr(value[0], "to"):
+        return [t.to if t.dest is None else f"{t.to}={t.dest}" for t in value]
+    return value
 
 
 def _spec_value(spec: JobSpec, path: str) -> Any:
@@ -110,7 +118,7 @@ def test_client_submit_script_puts_every_option_where_it_belongs(tmp_path, monke
     (spec,) = sent
     for option in JOB_OPTIONS:
         if option.info.spec is not None and option.name not in PROGRAM | FROM_SHELL:
-            assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
+            assert _as_given(_spec_value(spec, option.info.spec)) == GIVEN[option.name], option.name
 
 
 def test_client_submit_script_runs_a_module_from_the_working_directory(tmp_path, monkeypatch):
@@ -176,6 +184,8 @@ def test_air_submit_flags_reach_the_spec(monkeypatch, tmp_path):
         flag = "--" + name.replace("_", "-")
         if name == "env":
             argv += [flag, "LR=0.1"]
+        elif isinstance(value, list):
+            argv += [part for item in value for part in (flag, item)]
         else:
             argv += [flag, str(value)]
     result = CliRunner().invoke(cli.app, argv)
@@ -237,12 +247,15 @@ def test_air_train_flags_reach_the_spec(monkeypatch, tmp_path):
     line = "train"
     for name, value in GIVEN.items():
         flag = "--" + name.replace("_", "-")
-        line += f" {flag} LR=0.1" if name == "env" else f" {flag} {value}"
+        if isinstance(value, list):
+            line += "".join(f" {flag} {item}" for item in value)
+        else:
+            line += f" {flag} LR=0.1" if name == "env" else f" {flag} {value}"
     shell.run_cell_magic("air", line, "x = 1")
     (spec,) = recorder.specs
     for option in CELL_OPTIONS:
         if option.info.spec is not None and option.name not in FROM_SHELL:
-            assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
+            assert _as_given(_spec_value(spec, option.info.spec)) == GIVEN[option.name], option.name
     shell.user_ns.pop("_air_job", None)
 
 
@@ -269,7 +282,7 @@ def test_distributed_options_reach_the_spec(tmp_path, monkeypatch):
     (spec,) = recorder.specs
     for option in CELL_OPTIONS:  # module= names a program: a function is its own
         if option.info.spec is not None and option.name not in FROM_SHELL:
-            assert _spec_value(spec, option.info.spec) == GIVEN[option.name], option.name
+            assert _as_given(_spec_value(spec, option.info.spec)) == GIVEN[option.name], option.name
 
 
 def test_a_function_or_cell_job_refuses_a_module(tmp_path, monkeypatch):

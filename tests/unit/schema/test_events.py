@@ -21,6 +21,7 @@ from air_sdk.schema.events import (
     Event,
     EventPayload,
     EventType,
+    ExportStatus,
     FailureInfo,
     FunctionResult,
     LogBatch,
@@ -78,6 +79,7 @@ PAYLOADS: list[EventPayload] = [
     UtilBatch(samples=[DeviceSample(node="node-0", device="gpu0", ts=2.0, util_pct=93.0)]),
     Alert(kind="straggler", rank=3, detail="rank 3's step time stays above 2x"),
     FunctionResult(ok=True, value_b64="gARLAy4=", size_bytes=5),  # pickle.dumps(3)
+    ExportStatus(to="mlflow", state="failed", error="no tracking server at http://x"),
     FunctionResult(
         ok=False,
         error_type="ValueError",
