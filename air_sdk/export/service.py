@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -55,6 +56,8 @@ CREDENTIALS = {
     "wandb": ("WANDB_API_KEY", "WANDB_ENTITY"),
     "tensorboard": (),
 }
+#: the module each tracker's writer imports
+LIBRARIES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}
 #: the gateway's own env variables every worker gets (an operator's W&B server is the
 #: gateway's setting, never a job's: a job-chosen URL would make the gateway call it)
 GATEWAY_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "WANDB_BASE_URL", "SSL_CERT_FILE", "TMPDIR")
@@ -158,6 +161,12 @@ class ExportService:
     def refusal_for(spec: JobSpec, allowed_uris: Sequence[str]) -> str | None:
         """Why this gateway cannot export `spec` as asked, or None."""
         for target in spec.export:
+            module = LIBRARIES[target.to]
+            if importlib.util.find_spec(module) is None:
+                return (
+                    f"--export {target.to}: this gateway has no {module} installed; its"
+                    " operator installs it with `pip install 'air-runtime[export]'`"
+                )
             dest = target.dest
             if target.to != "mlflow" or dest is None:
                 continue
