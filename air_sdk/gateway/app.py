@@ -154,7 +154,8 @@ def create_app(
     Example:
         >>> app = create_app(GatewayContext(store, runner, home))  # doctest: +SKIP
     """
-    from air_sdk.gateway import admin, maintenance, outputs, routes
+    from air_sdk.gateway import admin, maintenance, outputs, routes, ui
+    from air_sdk.gateway.services.ui import UiRenderer
     from air_sdk.gateway.streams import OpenStreams
 
     @asynccontextmanager
@@ -193,6 +194,9 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(maintenance.router)
     app.include_router(outputs.router)
+    app.include_router(ui.router)
+    app.include_router(ui.api_router)
+    app.state.ui = UiRenderer(ctx.store)
     install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
     app.state.streams = OpenStreams.from_limits((security or SecurityOptions()).limits)
 

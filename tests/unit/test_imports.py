@@ -70,6 +70,8 @@ RULES: dict[str, Rule] = {
     "gateway": rule(
         "gateway runner store scheduler schema bundle redact errors config gateway_config"
         " client.local_gateway client.ports planner procs export",
+        # the /ui page's job view: the notebook monitor's renderer, one renderer two faces
+        lazily="notebook.snapshot_html notebook.chart",
         never=f"torch typer {NOTEBOOK_UI}",
     ),
     # the SDK: runs anywhere Python and requests do; the monitor only inside Job.monitor()

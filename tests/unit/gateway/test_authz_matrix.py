@@ -60,6 +60,11 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("GET", "/v1/jobs/{job_id}/checkpoints"): READ_OWN,
     ("GET", "/v1/jobs/{job_id}/outputs"): READ_OWN,
     ("GET", "/v1/jobs/{job_id}/outputs/files/{path:path}"): READ_OWN,
+    ("GET", "/v1/ui/jobs/{job_id}"): READ_OWN,
+    # the web page's own files hold no data: anyone who reaches the gateway gets them
+    ("GET", "/ui"): Expect(200, 200, 200, 200, 200, 200, 200),
+    ("GET", "/ui/app.js"): Expect(200, 200, 200, 200, 200, 200, 200),
+    ("GET", "/ui/app.css"): Expect(200, 200, 200, 200, 200, 200, 200),
     # only the attempt's worker token may report; a user token is not one (401)
     ("POST", "/v1/jobs/{job_id}/attempts/{attempt}/report"): Expect(
         401, 401, 401, 401, 401, 204, 401
