@@ -250,7 +250,9 @@ def status(
     record = job.record()
     snapshot = job.snapshot()
     if as_json:
-        status = JobStatus(**record.model_dump(), step=snapshot.step)
+        status = JobStatus(
+            **record.model_dump(), step=snapshot.step, data_loading=snapshot.data_summary
+        )
         echo_json(status.model_dump(mode="json"))
         return
     console.print(status_text(record, snapshot), soft_wrap=True)

@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from air_sdk.schema.data import DataLoadingSummary
 from air_sdk.schema.events import (
     CheckpointCommit,
     CheckpointRestore,
@@ -126,6 +127,9 @@ class JobStatus(JobRecord):
 
     #: the latest step the job logged (`air.log`), as its snapshot folds it; None before any
     step: int | None = None
+    #: samples/s, data-wait share and cache hits (`JobSnapshot.data_summary`); None when
+    #: no rank counts data loading (`air.data.timed`)
+    data_loading: DataLoadingSummary | None = None
 
 
 class JobList(_Wire):
