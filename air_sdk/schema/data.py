@@ -137,6 +137,37 @@ class DataLoadingSummary(BaseModel):
     #: rank -> how it waits right now ("waiting for data (shard X)")
     waiting: dict[int, str] = Field(default_factory=dict)
 
+    def describe(self) -> str:
+        """One line for people (`air status`, the monitor).
+
+        Example:
+            >>> DataLoadingSummary(samples_per_s=1234.5, wait_fraction=0.35, slowest_rank=1,
+            ...                    slowest_wait_fraction=0.6, num_cache_hits=8, num_cache_misses=2,
+            ...                    cache_hit_rate=0.8, waiting={1: "waiting for data"}).describe()
+            '1.2k samples/s · waits for data 35% of the time (rank 1: 60%) · cache hits 80% (8 of 10) · rank 1 waiting for data'
+        """
+        pieces = []
+        if self.samples_per_s is not None:
+            pieces.append(f"{_short(self.samples_per_s)} samples/s")
+        if self.wait_fraction is not None:
+            text = f"waits for data {self.wait_fraction:.0%} of the time"
+            if (
+                self.slowest_rank is not None
+                and self.slowest_wait_fraction is not None
+                and f"{self.slowest_wait_fraction:.0%}" != f"{self.wait_fraction:.0%}"
+            ):
+                text += f" (rank {self.slowest_rank}: {self.slowest_wait_fraction:.0%})"
+            pieces.append(text)
+        if self.cache_hit_rate is not None:
+            total = self.num_cache_hits + self.num_cache_misses
+            pieces.append(
+                f"cache hits {self.cache_hit_rate:.0%} ({self.num_cache_hits} of {total})"
+            )
+        pieces.extend(f"rank {rank} {how}" for rank, how in list(self.waiting.items())[:4])
+        if len(self.waiting) > 4:
+            pieces.append(f"{len(self.waiting) - 4} more ranks waiting for data")
+        return " · ".join(pieces)
+
     @classmethod
     def of(cls, ranks: Mapping[int, RankDataLoading]) -> DataLoadingSummary | None:
         """None when no rank reported data loading."""
@@ -159,3 +190,10 @@ class DataLoadingSummary(BaseModel):
                 k: r.latest.waiting_text() for k, r in sorted(ranks.items()) if r.latest.waiting
             },
         )
+
+
+def _short(value: float) -> str:
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"

@@ -244,23 +244,24 @@ def record_cache(hit: bool) -> None:
 
 
 def num_samples_of(batch: Any) -> int:
-    """How many samples a batch holds: the first dimension of its first tensor or array
-    (in a tuple, list or dict, as DataLoader collates them), else 1.
+    """How many samples a batch holds: the first dimension of a tensor or array; of the
+    first element of a tuple, or of a list of tensors (DataLoader's collated `(inputs,
+    targets)`); of the first value of a dict; the length of a list of plain samples;
+    else 1.
 
     Example:
         >>> num_samples_of([[1, 2, 3], [4, 5, 6]]), num_samples_of({"x": [7, 8]}), num_samples_of(3)
-        (3, 2, 1)
+        (2, 2, 1)
     """
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else 1
     if isinstance(batch, dict) and batch:
         return num_samples_of(next(iter(batch.values())))
-    if isinstance(batch, (tuple, list)) and batch:
-        first = batch[0]
-        if hasattr(first, "shape") or isinstance(first, (tuple, list, dict)):
-            return num_samples_of(first)
-        return len(batch)  # a list of plain samples
+    if isinstance(batch, tuple) and batch:
+        return num_samples_of(batch[0])
+    if isinstance(batch, list) and batch:
+        return num_samples_of(batch[0]) if hasattr(batch[0], "shape") else len(batch)
     return 1
 
 
