@@ -12,7 +12,7 @@ through it (never as dicts by key):
 |--------------|-------------------------------------------------------------|--------------------|
 | `state`      | `StateChange` (with `FailureInfo` on a failure)             | the store          |
 | `attempt`    | `AttemptChange` (phase started / ended)                     | the store          |
-| `metrics`    | `MetricsBatch` (`MetricPoint`s), rank set                   | worker reports     |
+| `metrics`    | `MetricsBatch` (`MetricPoint`s, `DataLoading`), rank set    | worker reports     |
 | `log`        | `LogBatch` (lines), rank set                                | worker reports     |
 | `rank_exit`  | `RankExit`, rank set                                        | worker reports     |
 | `checkpoint` | `CheckpointCommit`, `CheckpointSkip` or `CheckpointRestore` | worker reports     |
