@@ -11,6 +11,8 @@ AirError
 │   ├── BundleTooLargeError   over the size or file-count limit
 │   └── UnsafeBundleError     absolute paths, "..", links out, devices
 ├── CheckpointError         a checkpoint could not be saved, committed or loaded
+├── DataError               a data shard could not be found, fetched, cached or verified
+│   └── ShardChecksumError    a shard's bytes do not match the sha256 its index gives
 ├── TransportError          the gateway could not be reached (after retries)
 ├── ApiError                the gateway answered with an error status
 │   ├── AuthError             401: no token or a wrong one
@@ -45,11 +47,13 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "ConflictError",
+    "DataError",
     "IdempotencyError",
     "JobFailedError",
     "JobTimeoutError",
     "NotFoundError",
     "RateLimitedError",
+    "ShardChecksumError",
     "SpecError",
     "TransportError",
     "UnsafeBundleError",
@@ -106,6 +110,16 @@ class UnsafeBundleError(BundleError):
 
 class CheckpointError(AirError):
     """A checkpoint could not be saved, committed or loaded; the message says what to change."""
+
+
+class DataError(AirError):
+    """A data shard could not be found, fetched or kept in the cache (`air_sdk.runtime.data.
+    storage`); the message names the shard and says what to change."""
+
+
+class ShardChecksumError(DataError):
+    """A shard's bytes do not match the sha256 given for it: the message names the shard,
+    its URL, the expected and the actual checksum. Nothing of it was kept in the cache."""
 
 
 class TransportError(AirError):

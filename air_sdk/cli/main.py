@@ -250,7 +250,12 @@ def status(
     record = job.record()
     snapshot = job.snapshot()
     if as_json:
-        status = JobStatus(**record.model_dump(), step=snapshot.step, exports=snapshot.exports)
+        status = JobStatus(
+            **record.model_dump(),
+            step=snapshot.step,
+            exports=snapshot.exports,
+            data_loading=snapshot.data_summary,
+        )
         echo_json(status.model_dump(mode="json"))
         return
     console.print(status_text(record, snapshot), soft_wrap=True)

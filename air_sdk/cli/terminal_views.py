@@ -224,7 +224,8 @@ def failure_lines(
 
 
 def status_text(record: JobRecord, snapshot: JobSnapshot | None) -> Group:
-    """`air status`: state, reason, attempts, step and metrics, and any failure."""
+    """`air status`: state, reason, attempts, step and metrics, data loading, and any
+    failure."""
     resources = record.spec.resources
     head = Text.assemble(
         (record.id, "bold"),
@@ -244,6 +245,9 @@ def status_text(record: JobRecord, snapshot: JobSnapshot | None) -> Group:
             parts.append(Text(f"waiting: {record.queue_reason}"))
     if snapshot is not None and snapshot.step is not None:
         parts.append(Text(progress_metrics(snapshot)))
+    data = snapshot.data_summary if snapshot is not None else None
+    if data is not None and data.describe():
+        parts.append(Text(f"data: {data.describe()}"))
     if record.goodput is not None:
         parts.append(Text(goodput_text(record)))
     if snapshot is not None:

@@ -314,7 +314,8 @@ def _shown_metrics(snapshot: JobSnapshot) -> list[str]:
 
 
 def metrics_html(snapshot: JobSnapshot) -> str:
-    """Throughput, MFU and the latest value of every metric ("" before any)."""
+    """Throughput, MFU, the latest value of every metric and the data-loading line
+    ("" before any)."""
     parts: list[str] = []
     perf = _perf_pieces(snapshot)
     if perf:
@@ -327,6 +328,9 @@ def metrics_html(snapshot: JobSnapshot) -> str:
                 for n in names
             )
         )
+    data = snapshot.data_summary
+    if data is not None and data.describe():
+        parts.append(f'<span class="air-data"><b>data</b> {_esc(data.describe())}</span>')
     if snapshot.dropped_points:
         parts.append(
             f'<span style="color:#d97706">{snapshot.dropped_points} metric points dropped'
@@ -554,6 +558,9 @@ def render_text(
     perf = _perf_pieces(snapshot)
     if perf:
         lines.append("  ".join(perf))
+    data = snapshot.data_summary
+    if data is not None and data.describe():
+        lines.append(f"data {data.describe()}")
     for key in sorted(snapshot.utilization) if not snapshot.state.terminal else ():
         s = snapshot.utilization[key]
         cells = [f"{s.node}/{s.device}", _opt(s.util_pct, "{:.0f}%")]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
+from air_sdk.runner.data_waits import hang_notes, straggler_note
 from air_sdk.runner.flight_recorder import hang_report
 from air_sdk.runner.job_files import JobPaths, entrypoint_of, prepare_code
 from air_sdk.runner.node.plan import attempt_worker
@@ -397,7 +398,8 @@ class JobController:
                         kind="straggler",
                         rank=rank,
                         detail=f"rank {rank}'s step time stays above "
-                        f"{self.straggler_policy.factor:g}x the other ranks'",
+                        f"{self.straggler_policy.factor:g}x the other ranks'"
+                        + straggler_note(self.store, self.job_id, self.attempt, rank),
                     ),
                     attempt=self.attempt,
                     rank=rank,
@@ -405,17 +407,19 @@ class JobController:
 
     def _on_hang(self, stalled: list[int], *, silent: bool = False) -> None:
         assert self.handle is not None
+        waits = hang_notes(self.store, self.job_id, self.attempt, stalled)  # "waiting for data"
         if silent:
             timeout = self.hang_policy.silent_timeout()
-            what = (
-                f"no air.log step, no output and no CPU/GPU use from rank"
-                f"{'s' if len(stalled) > 1 else ''} {', '.join(map(str, stalled))}"
+            what = "no air.log step, no output and no CPU/GPU use from rank" + (
+                f"{'s' if len(stalled) > 1 else ''} "
+                + ", ".join(f"{r} ({waits[r]})" if r in waits else str(r) for r in stalled)
             )
         else:
             timeout = self.hang_policy.timeout_for(self._progress)
             steps = {r: self._progress[r].step for r in stalled}
             what = f"no progress from rank{'s' if len(stalled) > 1 else ''} " + ", ".join(
-                f"{r} (last step {steps[r]})" for r in stalled
+                f"{r} (last step {steps[r]}{', ' + waits[r] if r in waits else ''})"
+                for r in stalled
             )
         stacks = self.backend.rank_stacks(self.handle)
         # Each rank's last collectives, while the ranks still live to dump them.

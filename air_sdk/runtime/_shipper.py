@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ class _Batch:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     busy: bool = False
     finished: bool = False
+    data: dict[str, Any] | None = None
 
     def to_json(self, rank: int) -> bytes:
         # Plain dicts and json.dumps: no pydantic objects per point on any path.
@@ -68,6 +69,8 @@ class _Batch:
             body["busy"] = True
         if self.finished:
             body["finished"] = True
+        if self.data is not None:
+            body["data"] = self.data
         text = json.dumps(body, separators=(",", ":"))
         if self.points:
             text = f'{text[:-1]},"points":{_points_json(self.points)}}}'
@@ -175,6 +178,9 @@ class MetricsShipper:
         self._samples: list[dict[str, Any]] = []
         self._checkpoints: list[dict[str, Any]] = []
         self._meter: ThroughputMeter | None = None  # made at the first log with tokens=
+        #: the data-loading totals to send (`air_sdk.runtime.data.metrics`), once counted
+        self._data_source: Callable[[bool], dict[str, Any] | None] | None = None
+        self._data_retry: dict[str, Any] | None = None  # totals whose report failed
         self._num_enqueued = 0  # every item handed to the shipper, to tell flush() when it is done
         self._num_settled = 0
         self._settled = threading.Condition()
@@ -283,6 +289,11 @@ class MetricsShipper:
             self._num_enqueued += 1
         self._wake.set()
 
+    def set_data_source(self, take: Callable[[bool], dict[str, Any] | None]) -> None:
+        """Send what `take(force)` returns (data-loading totals, or None: nothing new)
+        with each report; the shipper calls it from its thread, `force` on the last."""
+        self._data_source = take
+
     def report_exit(self, rank_exit: RankExit) -> None:
         """Queue the rank's exit; it goes out after every line queued before it."""
         if not self._enabled:
@@ -335,7 +346,7 @@ class MetricsShipper:
             self._wake.clear()
             closing = self._closing.is_set()  # read before shipping: covers all data before close()
             try:
-                self._ship_pending()
+                self._ship_pending(final=closing)
             except Exception as exc:  # the thread must outlive any surprise; training goes on
                 warn(f"reporting failed unexpectedly ({exc!r}); retrying")
             aborted = self._poster is None or self._poster.aborted
@@ -344,8 +355,12 @@ class MetricsShipper:
             ):
                 return
 
-    def _ship_pending(self) -> None:
+    def _ship_pending(self, *, final: bool = False) -> None:
         assert self._poster is not None
+        take = self._data_source
+        data = take(final) if take is not None else None
+        if data is None:
+            data, self._data_retry = self._data_retry, None
         with self._lock:
             points, self._points = self._points, deque()
             lines, self._lines = self._lines, deque()
@@ -373,6 +388,7 @@ class MetricsShipper:
             or checkpoints
             or busy
             or finished
+            or data is not None
         ):
             batches = _split(list(points), list(lines))
             batches[0].dropped_points = dropped
@@ -385,6 +401,7 @@ class MetricsShipper:
             batches[-1].checkpoints = checkpoints
             batches[-1].busy = busy
             batches[-1].finished = finished
+            batches[-1].data = data
             for index, batch in enumerate(batches):
                 outcome = self._poster.post(batch.to_json(self.rank))
                 if outcome is PostOutcome.FAILED:
@@ -416,6 +433,7 @@ class MetricsShipper:
             if self._exit is None:
                 self._exit = batches[-1].exit
             self._checkpoints = batches[-1].checkpoints + self._checkpoints
+        self._data_retry = batches[-1].data
 
     def _trim_lines(self) -> None:
         """Drop the oldest lines beyond the budget; call with the lock held."""

@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from air_sdk.schema.data import DataLoadingSummary
 from air_sdk.schema.events import (
     CheckpointCommit,
     CheckpointRestore,
@@ -129,6 +130,9 @@ class JobStatus(JobRecord):
     step: int | None = None
     #: tracker -> where the gateway exports the job and how it went (`--export`)
     exports: dict[str, ExportStatus] = Field(default_factory=dict)
+    #: samples/s, data-wait share and cache hits (`JobSnapshot.data_summary`); None when
+    #: no rank counts data loading (`air.data.timed`)
+    data_loading: DataLoadingSummary | None = None
 
 
 class JobList(_Wire):

@@ -12,7 +12,7 @@ through it (never as dicts by key):
 |--------------|-------------------------------------------------------------|--------------------|
 | `state`      | `StateChange` (with `FailureInfo` on a failure)             | the store          |
 | `attempt`    | `AttemptChange` (phase started / ended)                     | the store          |
-| `metrics`    | `MetricsBatch` (`MetricPoint`s), rank set                   | worker reports     |
+| `metrics`    | `MetricsBatch` (`MetricPoint`s, `DataLoading`), rank set    | worker reports     |
 | `log`        | `LogBatch` (lines), rank set                                | worker reports     |
 | `rank_exit`  | `RankExit`, rank set                                        | worker reports     |
 | `checkpoint` | `CheckpointCommit`, `CheckpointSkip` or `CheckpointRestore` | worker reports     |
@@ -42,6 +42,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from air_sdk.schema._guards import WireModel
+from air_sdk.schema.data import DataLoading
 from air_sdk.schema.numbers import NON_FINITE, json_data
 from air_sdk.schema.state import JobState, show_value
 
@@ -260,6 +261,8 @@ class MetricsBatch(_Payload):
     points: list[MetricPoint] = Field(default_factory=list)
     #: points the worker dropped because its buffer was full
     dropped_points: int = Field(0, ge=0)
+    #: the rank's data-loading totals at this report (`air_sdk.schema.data`), if it counts
+    data: DataLoading | None = None
 
 
 class LogBatch(_Payload):
@@ -562,14 +565,18 @@ class WorkerReport(WireModel):
     #: so the hang timeout no longer applies to it (an exit grace does, see
     #: `air_sdk.runner.controller.EXIT_AFTER_FINISH_S`)
     finished: bool = False
+    #: the rank's data-loading totals (`air.data.timed`, shard cache); in its metrics event
+    data: DataLoading | None = None
 
     def payloads(self) -> list[EventPayload]:
         """The events this report becomes, in the order they are stored: metrics, log
         lines, device samples, checkpoint records, a function's result, and last the rank's
         exit (so a reader that sees the exit has seen the result)."""
         out: list[EventPayload] = []
-        if self.points or self.dropped_points:
-            out.append(MetricsBatch(points=self.points, dropped_points=self.dropped_points))
+        if self.points or self.dropped_points or self.data is not None:
+            out.append(
+                MetricsBatch(points=self.points, dropped_points=self.dropped_points, data=self.data)
+            )
         if self.lines:
             out.append(LogBatch(lines=self.lines))
         if self.samples:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from air_sdk.schema.data import DataLoadingSummary, RankDataLoading
 from air_sdk.schema.events import (
     Alert,
     AttemptChange,
@@ -103,6 +104,8 @@ class JobSnapshot(BaseModel):
     resumed_from_step: int | None = None
     #: tracker -> where the gateway exports the job and how it went (`JobSpec.export`)
     exports: dict[str, ExportStatus] = Field(default_factory=dict)
+    #: rank -> its data-loading totals and rates in the current attempt (ranks that count)
+    data_loading: dict[int, RankDataLoading] = Field(default_factory=dict)
 
     @classmethod
     def fold(cls, job_id: str, events: list[Event]) -> JobSnapshot:
@@ -147,6 +150,17 @@ class JobSnapshot(BaseModel):
         """
         return self.latest.get(MFU_METRIC)
 
+    @property
+    def data_summary(self) -> DataLoadingSummary | None:
+        """The job's samples/s, data-wait share, cache hit rate and the ranks waiting for
+        data now; None when no rank counts data loading (`air.data.timed`).
+
+        Example:
+            >>> JobSnapshot(job_id="j").data_summary is None
+            True
+        """
+        return DataLoadingSummary.of(self.data_loading)
+
     def apply(self, e: Event) -> None:
         """Fold one event (one already folded, by `seq`, is skipped).
 
@@ -167,6 +181,7 @@ class JobSnapshot(BaseModel):
                     self.attempt = change.attempt
                     self.rank_exits = []
                     self.resumed_from_step = None
+                    self.data_loading = {}
             case MetricsBatch() as batch:
                 self._on_metrics(e.rank or 0, batch)
             case LogBatch() as batch:
@@ -222,6 +237,11 @@ class JobSnapshot(BaseModel):
                 if rank == 0:
                     _append_point(self.series.setdefault(name, []), p.step, value)
         self.dropped_points += batch.dropped_points
+        if batch.data is not None:
+            known = self.data_loading.get(rank)
+            self.data_loading[rank] = (
+                RankDataLoading.first(batch.data) if known is None else known.updated(batch.data)
+            )
 
 
 def metric_order(name: str) -> tuple[int, str]:

@@ -31,7 +31,7 @@ it, the runtime reads it back (`from_env()`), and render/k8s.py uses its names.
 | output_dir | AIR_OUTPUT_DIR | the job's durable output directory (`--output-dir`; default `<gateway home>/outputs/<job>`) |
 | flops_per_token | AIR_FLOPS_PER_TOKEN | with `JobSpec.model`: the planner's training FLOPs per token (for MFU) |
 | flight_recorder | AIR_FLIGHT_RECORDER | "1" on GPU jobs: torch's NCCL flight recorder dumps under the attempt dir |
-| autolog, peak_flops, mfu_dtype, count_flops, sample_interval_s | AIR_AUTOLOG, AIR_PEAK_FLOPS, AIR_MFU_DTYPE, AIR_COUNT_FLOPS, AIR_SAMPLE_INTERVAL_S | not set: switches a job may set in its `env` (USER_AIR_ENV) |
+| autolog, peak_flops, mfu_dtype, count_flops, sample_interval_s, data_cache | AIR_AUTOLOG, AIR_PEAK_FLOPS, AIR_MFU_DTYPE, AIR_COUNT_FLOPS, AIR_SAMPLE_INTERVAL_S, AIR_DATA_CACHE | not set: switches a job may set in its `env` (USER_AIR_ENV) |
 | checkpoint_on_failure, checkpoint_snapshot | AIR_CHECKPOINT_ON_FAILURE, AIR_CHECKPOINT_SNAPSHOT | not set: operator knobs read by the runtime (passed from the gateway's environment) |
 | omp_num_threads | OMP_NUM_THREADS | 1 unless the job or the gateway sets it |
 | python_unbuffered | PYTHONUNBUFFERED | 1 |
@@ -127,6 +127,8 @@ class WorkerEnv(BaseModel):
     count_flops: str | None = Field(None, alias="AIR_COUNT_FLOPS")
     #: seconds between the runtime's samples of GPU/CPU utilization
     sample_interval_s: float | None = Field(None, gt=0, alias="AIR_SAMPLE_INTERVAL_S")
+    #: where `ShardStore` keeps remote shards (default: the rank's private /tmp)
+    data_cache: str | None = Field(None, alias="AIR_DATA_CACHE")
 
     # -- settings AIR gives ranks unless the job or the gateway's environment does -----------
     omp_num_threads: int | None = Field(None, ge=1, alias="OMP_NUM_THREADS")
@@ -241,5 +243,12 @@ DEFAULTED_ENV = frozenset(
 #: device table lacks, see air_sdk.runtime._throughput)
 USER_AIR_ENV = frozenset(
     WorkerEnv.env_name(f)
-    for f in ("autolog", "peak_flops", "mfu_dtype", "count_flops", "sample_interval_s")
+    for f in (
+        "autolog",
+        "peak_flops",
+        "mfu_dtype",
+        "count_flops",
+        "sample_interval_s",
+        "data_cache",
+    )
 )

@@ -39,7 +39,9 @@ def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, bo
         report = WorkerReport.model_validate_json(body)
     except ValidationError as exc:
         raise ApiError(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
-    if report.lines or report.exit is not None or report.checkpoints or report.result is not None:
+    shard = report.data.waiting_shard if report.data is not None else None
+    has_text = report.lines or report.checkpoints or shard
+    if has_text or report.exit is not None or report.result is not None:
         report = scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
     for record in report.checkpoints:
         if isinstance(record, CheckpointRestore):
@@ -63,7 +65,8 @@ def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, bo
 
 def scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:
     """The report with the job's secret env values and any token replaced in its text
-    (output lines, exit tails, checkpoint records, a function's error), before anything
+    (output lines, exit tails, checkpoint records, a function's error, the name of the
+    shard a rank waits for), before anything
     is stored; a function's return value holding one is refused (`scrubbed_result`)."""
     update: dict[str, object] = {}
     if report.lines:
@@ -77,6 +80,9 @@ def scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:
         ]
     if report.result is not None:
         update["result"] = scrubbed_result(report.result, redactor)
+    if report.data is not None and report.data.waiting_shard:  # a name the job chose
+        shard = redactor.text(report.data.waiting_shard)
+        update["data"] = report.data.model_copy(update={"waiting_shard": shard})
     return report.model_copy(update=update) if update else report
 
 

@@ -143,9 +143,11 @@ def test_status_json_is_the_job_record(gateway: FakeGateway) -> None:
     gateway.add_job("j-1", JobState.RUNNING)
     result = invoke("status", "j-1", "--json")
     assert result.exit_code == 0, result.output
-    status = JobStatus.model_validate(json.loads(result.stdout))  # the record, step, exports
-    assert JobRecord(**status.model_dump(exclude={"step", "exports"})) == gateway.records["j-1"]
-    assert status.exports == {}
+    # the record plus `step`, `exports` and `data_loading` (None: no data loading counted)
+    status = JobStatus.model_validate(json.loads(result.stdout))
+    assert status.data_loading is None and status.exports == {}
+    added = {"step", "data_loading", "exports"}
+    assert JobRecord(**status.model_dump(exclude=added)) == gateway.records["j-1"]
 
 
 def test_status_of_a_queued_job_says_why_it_waits_and_where(gateway: FakeGateway) -> None:

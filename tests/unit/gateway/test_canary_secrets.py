@@ -1,5 +1,6 @@
 """A canary secret and a worker token, pushed through every path a job's text takes
-(spec env, worker log lines, exit tails, checkpoint records, failure records), must
+(spec env, worker log lines, exit tails, checkpoint records, the shard a rank waits for,
+failure records), must
 appear in no answer of any route and nowhere in the SQLite files, while the runner
 still reads the real value."""
 
@@ -78,6 +79,7 @@ def test_a_canary_secret_is_in_no_answer_and_not_in_the_database(tenancy, canary
         "checkpoints": [
             {"step": 5, "path": "/ckpt/step-5", "attempt": attempt, "skipped": f"bad {canary}"}
         ],
+        "data": {"since": 0.0, "ts": 1.0, "waiting_since": 0.5, "waiting_shard": canary},
     }
     r = worker.post(f"/v1/jobs/{job_id}/attempts/{attempt}/report", json=report)
     assert r.status_code == 204, r.text

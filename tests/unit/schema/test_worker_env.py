@@ -51,6 +51,7 @@ def full() -> WorkerEnv:
         mfu_dtype="bf16",
         count_flops="0",
         sample_interval_s=0.5,
+        data_cache="/scratch/air-data",
         omp_num_threads=1,
         python_unbuffered="1",
         gloo_socket_ifname="lo",
