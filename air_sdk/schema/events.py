@@ -19,6 +19,7 @@ through it (never as dicts by key):
 | `util`       | `UtilBatch` (`DeviceSample`s), rank set                     | worker reports     |
 | `alert`      | `Alert` (straggler, reattached, ...)                        | the runner         |
 | `result`     | `FunctionResult` (an `@air_sdk.distributed` call), rank set | worker reports     |
+| `slo`        | `SloBurn` (a tenant's SLO burned its budget past a threshold) | the runner       |
 
 On the wire and in the store an event's `data` is the payload's JSON, as it
 always was, so stored rows read back unchanged. A reader ignores fields it does
@@ -42,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from air_sdk.schema._guards import WireModel
 from air_sdk.schema.numbers import NON_FINITE, json_data
+from air_sdk.schema.slo import SloBurn
 from air_sdk.schema.state import JobState, show_value
 
 MAX_POINTS_PER_REPORT = 10_000
@@ -74,6 +76,7 @@ class EventType(str, Enum):
     UTIL = "util"
     ALERT = "alert"
     RESULT = "result"
+    SLO = "slo"
 
 
 EventType._repr_pretty_ = show_value  # type: ignore[attr-defined]
@@ -390,10 +393,11 @@ EventPayload: TypeAlias = (
     | UtilBatch
     | Alert
     | FunctionResult
+    | SloBurn
 )
 
 #: event type -> the payload models it may hold (one, except checkpoints)
-PAYLOAD_MODELS: dict[EventType, tuple[type[_Payload], ...]] = {
+PAYLOAD_MODELS: dict[EventType, tuple[type[WireModel], ...]] = {
     EventType.STATE: (StateChange,),
     EventType.ATTEMPT: (AttemptChange,),
     EventType.METRICS: (MetricsBatch,),
@@ -403,8 +407,9 @@ PAYLOAD_MODELS: dict[EventType, tuple[type[_Payload], ...]] = {
     EventType.UTIL: (UtilBatch,),
     EventType.ALERT: (Alert,),
     EventType.RESULT: (FunctionResult,),
+    EventType.SLO: (SloBurn,),
 }
-_TYPE_OF: dict[type[_Payload], EventType] = {
+_TYPE_OF: dict[type[WireModel], EventType] = {
     model: etype for etype, models in PAYLOAD_MODELS.items() for model in models
 }
 _P = TypeVar("_P", bound=BaseModel)
