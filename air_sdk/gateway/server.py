@@ -130,7 +130,13 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     if refusal is not None and len(store.list_tenants()) > 1:
         store.close()
         raise ConfigError(f"this gateway's home has more than one tenant, but {refusal}")
-    ctx = GatewayContext(store=store, runner=runner, home=opts.home, tenant_refusal=refusal)
+    ctx = GatewayContext(
+        store=store,
+        runner=runner,
+        home=opts.home,
+        tenant_refusal=refusal,
+        metrics_from_loopback=opts.metrics_without_token,
+    )
     app = create_app(ctx, security=security_options(opts))
     return app, token
 

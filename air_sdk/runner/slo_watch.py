@@ -43,7 +43,7 @@ from air_sdk.store.stats import EndedJob
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NOTES_EVERY_S", "SloWatch", "status"]
+__all__ = ["NOTES_EVERY_S", "SloWatch", "ended_job_times", "status"]
 
 #: how old an SLO's measure the queue's explanations may use
 NOTES_EVERY_S = 5.0
@@ -95,20 +95,11 @@ class SloWatch:
 
     def _goodput(self, ended: EndedJob) -> Sample | None:
         job = self.store.get_job(ended.job_id)
-        if job is None or job.ended_at is None:
+        times = ended_job_times(self.store, job) if job is not None else None
+        if job is None or job.ended_at is None or times is None:
             return None
-        times = [AttemptTimes(*row) for row in self.store.attempt_times(job.id)]
-        acc = account(
-            self.store.list_attempts(job.id),
-            times,
-            job_ended_at=job.ended_at,
-            now=job.ended_at,
-            succeeded=job.state is JobState.SUCCEEDED,
-        )
-        if acc.wall_s <= 0:
-            return None
-        productive = sum(acc.productive_s.values())
-        return goodput_sample(job.id, ts=job.ended_at, wall_s=acc.wall_s, productive_s=productive)
+        wall_s, productive_s = times
+        return goodput_sample(job.id, ts=job.ended_at, wall_s=wall_s, productive_s=productive_s)
 
     def budget(self, spec: SloSpec, tenant: str, now: float) -> Budget:
         return evaluate(spec, self.samples(spec, tenant, now), now)
@@ -194,6 +185,23 @@ class SloWatch:
                     notes[job.id] = text
                     break
         return notes
+
+
+def ended_job_times(store: SqliteStore, job: JobRecord) -> tuple[float, float] | None:
+    """(wall seconds, productive seconds) of an ended job (`air_sdk.runner.accounting`);
+    None for one that never ran."""
+    if job.ended_at is None or not job.attempt:
+        return None
+    acc = account(
+        store.list_attempts(job.id),
+        [AttemptTimes(*row) for row in store.attempt_times(job.id)],
+        job_ended_at=job.ended_at,
+        now=job.ended_at,
+        succeeded=job.state is JobState.SUCCEEDED,
+    )
+    if acc.wall_s <= 0:
+        return None
+    return acc.wall_s, sum(acc.productive_s.values())
 
 
 def status(tenant: str, spec: SloSpec, budget: Budget) -> SloStatus:
