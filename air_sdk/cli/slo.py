@@ -1,8 +1,9 @@
 """`air slo`: your tenant's service level objectives, measured now (`GET /v1/slo`).
 
     $ air slo
-    tenant  slo         objective                                 now     budget left  burn  burned by
-    acme    queue_wait  p95 queue wait under 10 min (priority h…  14 min  -60%         1.6x  train-3f2a…, …
+    acme/fast-start: p95 queue wait under 10 min (priority high), over 24 h
+      now 14.0 min (40 samples); error budget left -60%, burn rate 1.6x: BURNING
+      burned by train-3f2a9c1d, train-77b0e412
 
 The cluster file declares them (docs/operations.md); a system admin sees every tenant's.
 """
@@ -10,12 +11,11 @@ The cluster file declares them (docs/operations.md); a system admin sees every t
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
 from air_sdk.cli._common import GatewayOption, JsonOption, console, echo_json, handle_errors
 from air_sdk.schema.slo import SloStatus
 
-__all__ = ["slo", "slo_table", "value_text"]
+__all__ = ["slo", "slo_text", "value_text"]
 
 #: burner job ids shown in the table (all of them with --json)
 SHOWN_BURNERS = 3
@@ -38,29 +38,31 @@ def value_text(s: SloStatus) -> str:
     return f"{s.value:.1f} s" if s.value < 90 else f"{s.value / 60:.1f} min"
 
 
-def slo_table(slos: list[SloStatus]) -> Table:
-    """One row per SLO: what it promises, where it stands, who burned it."""
-    table = Table(box=None, pad_edge=False)
-    for column in ("tenant", "slo", "objective", "window", "now", "budget left", "burn"):
-        table.add_column(column, no_wrap=column != "objective")
-    table.add_column("burned by")
-    for s in slos:
-        burners = [b.job_id for b in s.burned_by]
-        shown = ", ".join(burners[:SHOWN_BURNERS]) + (
-            ", ..." if len(burners) > SHOWN_BURNERS else ""
-        )
-        left = f"{s.budget_left:.0%}"
-        table.add_row(
-            s.tenant,
-            s.name,
-            s.description,
-            f"{s.window_s / 3600:g} h",
-            f"{value_text(s)} ({s.num_samples})",
-            f"[red]{left}[/red]" if s.burning else left,
-            f"{s.burn_rate:.1f}x",
-            shown or "-",
-        )
-    return table
+def slo_text(s: SloStatus) -> str:
+    """One SLO in three lines: what it promises, where it stands, who burned it.
+
+    Example:
+        >>> from air_sdk.schema.slo import SloBurner, SloStatus
+        >>> print(slo_text(SloStatus(tenant="acme", name="fast-start", kind="queue_wait",
+        ...     description="p95 queue wait under 10 min", target=600, objective=0.95,
+        ...     window_s=86400, value=840.0, num_samples=40, budget_left=-0.6, burn_rate=1.6,
+        ...     alert_burned=0.5, burning=True,
+        ...     burned_by=[SloBurner(job_id="train-3f2a9c1d", burned=1.0)])))
+        acme/fast-start: p95 queue wait under 10 min, over 24 h
+          now 14.0 min (40 samples); error budget left -60%, burn rate 1.6x: BURNING
+          burned by train-3f2a9c1d
+    """
+    burners = [b.job_id for b in s.burned_by]
+    shown = ", ".join(burners[:SHOWN_BURNERS]) + (", ..." if len(burners) > SHOWN_BURNERS else "")
+    state = ": BURNING" if s.burning else ""
+    lines = [
+        f"{s.tenant}/{s.name}: {s.description}, over {s.window_s / 3600:g} h",
+        f"  now {value_text(s)} ({s.num_samples} samples); error budget left"
+        f" {s.budget_left:.0%}, burn rate {s.burn_rate:.1f}x{state}",
+    ]
+    if shown:
+        lines.append(f"  burned by {shown}")
+    return "\n".join(lines)
 
 
 @handle_errors
@@ -79,4 +81,5 @@ def slo(as_json: JsonOption = False, gateway: GatewayOption = None) -> None:
             soft_wrap=True,
         )
         raise typer.Exit(0)
-    console.print(slo_table(report.slos))
+    for status in report.slos:
+        console.print(slo_text(status), soft_wrap=True, highlight=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 
 from air_sdk.runner.accounting import AttemptTimes, account
@@ -127,7 +128,7 @@ class SloWatch:
             return
         specs = [s for s in self.policy.slos_of(change.job.tenant) if s.kind in kinds]
         if specs:
-            self.check(change.job, specs, change.job.updated_at)
+            self.check(change.job, specs, time.time())
 
     def check(self, job: JobRecord, specs: Iterable[SloSpec], now: float) -> list[SloBurn]:
         """Measure `specs` of the job's tenant; for each that crossed its threshold since
