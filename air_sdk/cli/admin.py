@@ -126,9 +126,8 @@ def token_create(
 ) -> None:
     """Issue a token and print it once: the gateway keeps only its sha256 digest."""
     if role not in ROLES:
-        raise typer.BadParameter(
-            f"{role!r} is not one of {', '.join(ROLES)}", param_hint="'--role'"
-        )
+        roles = f"{', '.join(ROLES[:-1])} or {ROLES[-1]}"
+        raise typer.BadParameter(f"{role!r}: use {roles}", param_hint="'--role'")
     created = _admin(gateway, token).create_token(
         tenant=tenant,
         role=role,  # type: ignore[arg-type]  # checked just above
