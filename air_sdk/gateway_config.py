@@ -310,6 +310,12 @@ class GatewayOptions(BaseSettings):
         description="Serve more than one tenant on the local backend although its ranks run"
         " unsandboxed (any job can then read every tenant's secrets).",
     )
+    metrics_from_loopback: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Answer /metrics without a token to a peer at 127.0.0.1 or ::1. auto: only"
+        " when the gateway binds a loopback address and trusts no proxy (a proxy on this host"
+        " would make remote clients look local); any local user can then read it.",
+    )
     header_timeout_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
         10.0,
         gt=0,
@@ -329,6 +335,27 @@ class GatewayOptions(BaseSettings):
         scheme = "https" if self.tls_cert else "http"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def metrics_without_token(self) -> bool:
+        """Whether /metrics answers a loopback peer without a token (`metrics_from_loopback`).
+
+        Example:
+            >>> GatewayOptions().metrics_without_token
+            True
+            >>> GatewayOptions(host="0.0.0.0", insecure_bind=True).metrics_without_token
+            False
+        """
+        if self.metrics_from_loopback != "auto":
+            return self.metrics_from_loopback == "on"
+        from ipaddress import ip_address
+
+        host = self.host.strip("[]")
+        try:
+            loopback = host == "localhost" or ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        return loopback and not self.trusted_proxies
 
     @property
     def worker_url(self) -> str:

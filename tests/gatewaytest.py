@@ -26,8 +26,9 @@ BASE_URL = "http://127.0.0.1"
 
 @dataclass
 class Tenancy:
-    """Tenant "acme" (owner, viewer, admin), tenant "globex" (other) and the system
-    tenant's admin (sysadmin); `tokens` maps each caller to its bearer token."""
+    """Tenant "acme" (owner, viewer, admin), tenant "globex" (other), the system
+    tenant's admin (sysadmin) and its Prometheus scraper (metrics); `tokens` maps each
+    caller to its bearer token."""
 
     app: FastAPI
     store: SqliteStore
@@ -104,5 +105,6 @@ def tenancy_for(home: Path) -> Tenancy:
         "admin": store.create_token("acme", "admin", "acme admin"),
         "other": store.create_token("globex", "member", "other"),
         "sysadmin": store.create_token("default", "admin", "system admin"),
+        "metrics": store.create_token("default", "metrics", "prometheus"),
     }
     return Tenancy(app=app, store=store, home=home, tokens=tokens)

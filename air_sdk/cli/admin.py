@@ -25,6 +25,7 @@ from air_sdk.cli._common import (
     err_console,
     handle_errors,
 )
+from air_sdk.schema.admin import ROLES
 
 if TYPE_CHECKING:
     from air_sdk.client.admin import Admin
@@ -112,7 +113,11 @@ def token_create(
         str | None, typer.Option(help="Tenant of the token (default: your own).")
     ] = None,
     role: Annotated[
-        str, typer.Option(help="viewer (read only), member (submit, cancel) or admin.")
+        str,
+        typer.Option(
+            help="viewer (read only), member (submit, cancel), admin, or metrics (reads"
+            " /metrics only; the system admin issues it)."
+        ),
     ] = "member",
     name: Annotated[str, typer.Option(help="A label: who or what uses it.")] = "",
     as_json: JsonOption = False,
@@ -120,8 +125,9 @@ def token_create(
     token: TokenOption = None,
 ) -> None:
     """Issue a token and print it once: the gateway keeps only its sha256 digest."""
-    if role not in ("viewer", "member", "admin"):
-        raise typer.BadParameter(f"{role!r} is not viewer, member or admin", param_hint="'--role'")
+    if role not in ROLES:
+        roles = f"{', '.join(ROLES[:-1])} or {ROLES[-1]}"
+        raise typer.BadParameter(f"{role!r}: use {roles}", param_hint="'--role'")
     created = _admin(gateway, token).create_token(
         tenant=tenant,
         role=role,  # type: ignore[arg-type]  # checked just above

@@ -43,6 +43,7 @@ from air_sdk.cli.manifests import render_app
 from air_sdk.cli.outputs import outputs as outputs_command
 from air_sdk.cli.plan import plan_command
 from air_sdk.cli.script_args import ScriptCommand
+from air_sdk.cli.slo import slo as slo_command
 from air_sdk.client.options import JobOptions
 from air_sdk.errors import AirError, SpecError
 from air_sdk.schema.api import JobStatus
@@ -67,6 +68,7 @@ app.add_typer(admin_app, name="admin")
 app.add_typer(render_app, name="render")
 app.add_typer(checkpoints_app, name="checkpoints")
 app.command("plan")(plan_command)
+app.command("slo")(slo_command)
 
 #: `air metrics` shows this many most recent rows unless --all
 DEFAULT_METRIC_ROWS = 20

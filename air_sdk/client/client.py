@@ -30,6 +30,7 @@ from air_sdk.client.options import JobOptions, job_spec_fields
 from air_sdk.config import load_client_settings, token_refused_message
 from air_sdk.errors import SpecError
 from air_sdk.schema.api import Health, Inventory, JobList, JobRecord
+from air_sdk.schema.slo import SloReport
 from air_sdk.schema.spec import JobSpec
 from air_sdk.schema.state import JobState
 
@@ -196,6 +197,16 @@ class Client:
             ['node-0', 'node-1']
         """
         return self._get("/v1/cluster", Inventory)
+
+    def slo(self) -> SloReport:
+        """Your tenant's SLOs (a system admin's: every tenant's) with their targets,
+        current values, error budget left and the jobs that burned it.
+
+        Example:
+            >>> [s.budget_left for s in Client().slo().slos]  # doctest: +SKIP
+            [0.75]
+        """
+        return self._get("/v1/slo", SloReport)
 
     def jobs(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
         """Your jobs, newest first, optionally only those in `state`.

@@ -11,6 +11,7 @@ tenant and the shared nodes.
 | POST   | /v1/admin/tenants                  | system admin       | TenantInfo    |
 | GET    | /v1/admin/tokens?tenant=           | admin (own / all)  | TokenList     |
 | POST   | /v1/admin/tokens                   | admin (own / all)  | TokenCreated  |
+|        |   (role `metrics`: system admin, tenant `default` only)  |               |
 | POST   | /v1/admin/tokens/{token_id}/revoke | admin (own / all)  | TokenInfo     |
 | GET    | /v1/admin/nodes                    | system admin       | NodeHealthList|
 | POST   | /v1/admin/nodes/{name}/clear       | system admin       | NodeHealth    |
@@ -44,6 +45,7 @@ from air_sdk.schema import (
     TokenList,
 )
 from air_sdk.schema.names import NODE, TOKEN_ID, is_valid, shown
+from air_sdk.store import DEFAULT_TENANT
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=ERROR_RESPONSES)
 
@@ -114,6 +116,13 @@ def _create_token(
 ) -> TokenCreated:
     body = parse_model(TokenCreate, raw, content_type)
     tenant = _tenant_or_404(ctx, principal, body.tenant or principal.tenant)
+    if body.role == "metrics" and not (principal.is_system_admin and tenant == DEFAULT_TENANT):
+        # /metrics names every tenant: only the system admin hands out a way to read it
+        raise HTTPException(
+            403,
+            f"a metrics token is issued by a system admin, in tenant {DEFAULT_TENANT!r}"
+            " (/metrics shows every tenant)",
+        )
     info, token = ctx.store.issue_token(tenant, body.role, body.name)
     return TokenCreated(info=info, token=token)
 
@@ -132,7 +141,8 @@ def revoke_token(token_id: str, ctx: CtxDep, principal: AdminDep) -> TokenInfo:
     return info
 
 
-def _node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
+def node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
+    """Every node's failure record and health (also what /metrics shows)."""
     failures = ctx.store.node_failures()
     unhealthy = ctx.runner.unhealthy_nodes()
     names = [n.name for n in ctx.runner.backend.inventory()]
@@ -150,14 +160,14 @@ def _node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
 
 @router.get("/nodes", response_model=NodeHealthList)
 def list_nodes(ctx: CtxDep, _: SystemAdminDep) -> NodeHealthList:
-    return NodeHealthList(nodes=list(_node_health(ctx).values()))
+    return NodeHealthList(nodes=list(node_health(ctx).values()))
 
 
 @router.post("/nodes/{name}/clear", response_model=NodeHealth)
 def clear_node(name: str, ctx: CtxDep, _: SystemAdminDep) -> NodeHealth:
     """Forget a node's failures, so the scheduler places jobs on it again at once."""
-    known = _node_health(ctx) if is_valid(NODE, name) else {}
+    known = node_health(ctx) if is_valid(NODE, name) else {}
     if name not in known:
         raise HTTPException(404, f"no node {shown(name)}: list them with `air admin node list`")
     ctx.runner.clear_node(name)
-    return _node_health(ctx)[name]
+    return node_health(ctx)[name]

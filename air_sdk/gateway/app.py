@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 import air_sdk
 from air_sdk.export.service import ExportService
 from air_sdk.gateway.bodies import add_body_schemas, describe_errors
+from air_sdk.gateway.metrics import GatewayMetrics
 from air_sdk.gateway.options import SecurityOptions
 from air_sdk.gateway.security import install
 from air_sdk.gateway.translate import install_translator
@@ -62,6 +63,10 @@ class GatewayContext:
     tenant_refusal: str | None = None
     #: forwards exporting jobs' events to trackers (None: this gateway exports nothing)
     exports: ExportService | None = None
+    #: Prometheus instruments (`air_sdk.gateway.metrics`); made by `create_app`
+    metrics: GatewayMetrics | None = None
+    #: /metrics answers a loopback peer without a token (`air_sdk.gateway.scrape`)
+    metrics_from_loopback: bool = False
 
     @property
     def bundles_dir(self) -> Path:
@@ -70,7 +75,7 @@ class GatewayContext:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: a tenant and a role (admin | member | viewer).
+    """Who is calling: a tenant and a role (admin | member | viewer | metrics).
 
     Example:
         >>> Principal("default", "admin").is_system_admin
@@ -113,6 +118,8 @@ def get_principal(request: Request, ctx: Annotated[GatewayContext, Depends(get_c
     if found is None:
         raise _unauthorized("the token is not valid (revoked, or for another gateway)")
     principal = Principal(*found)
+    if principal.role == "metrics":  # the scraper's token: /metrics checks it itself
+        raise HTTPException(403, "a metrics token reads /metrics only: use a member token")
     # One rule for every route, present and future: a viewer only reads.
     if principal.role == "viewer" and request.method not in READ_METHODS:
         raise HTTPException(
@@ -154,7 +161,7 @@ def create_app(
     Example:
         >>> app = create_app(GatewayContext(store, runner, home))  # doctest: +SKIP
     """
-    from air_sdk.gateway import admin, maintenance, outputs, routes, ui
+    from air_sdk.gateway import admin, maintenance, outputs, routes, scrape, ui
     from air_sdk.gateway.services.ui import UiRenderer
     from air_sdk.gateway.streams import OpenStreams
 
@@ -181,6 +188,9 @@ def create_app(
         redoc_url=None,
     )
     app.state.air = ctx
+    if ctx.metrics is None:
+        ctx.metrics = GatewayMetrics()
+        ctx.metrics.attach(ctx)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -197,6 +207,7 @@ def create_app(
     app.include_router(ui.router)
     app.include_router(ui.api_router)
     app.state.ui = UiRenderer(ctx.store)
+    app.include_router(scrape.router)
     install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
     app.state.streams = OpenStreams.from_limits((security or SecurityOptions()).limits)
 

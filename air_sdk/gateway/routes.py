@@ -46,6 +46,7 @@ from air_sdk.schema import (
     JobState,
     LogPage,
     MetricsPage,
+    SloReport,
 )
 from air_sdk.schema.names import JOB_ID, is_valid, shown
 from air_sdk.store.pages import (
@@ -304,6 +305,13 @@ def job_checkpoints(job_id: str, ctx: CtxDep, principal: PrincipalDep) -> Checkp
     _job_or_404(ctx, principal, job_id)
     events = ctx.store.read_events(job_id, types=(EventType.CHECKPOINT,), limit=100_000)
     return CheckpointList.from_events(events)
+
+
+@router.get("/slo", response_model=SloReport)
+def slo(ctx: CtxDep, principal: PrincipalDep) -> SloReport:
+    """The SLOs of the caller's tenant (a system admin's: every tenant's), measured now."""
+    tenant = None if principal.is_system_admin else principal.tenant
+    return SloReport(slos=ctx.runner.slo_watch.statuses(tenant, time.time()))
 
 
 @router.get("/cluster", response_model=Inventory)

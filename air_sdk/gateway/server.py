@@ -134,7 +134,12 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
 
     exports = ExportService(store, opts.home / "exports", allowed_uris=opts.export_uris)
     ctx = GatewayContext(
-        store=store, runner=runner, home=opts.home, tenant_refusal=refusal, exports=exports
+        store=store,
+        runner=runner,
+        home=opts.home,
+        tenant_refusal=refusal,
+        exports=exports,
+        metrics_from_loopback=opts.metrics_without_token,
     )
     app = create_app(ctx, security=security_options(opts))
     return app, token

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from air_sdk.runner.backends.base import Backend
@@ -25,6 +25,7 @@ from air_sdk.runner.node_health import NodeHealthBook
 from air_sdk.runner.outputs import default_output_dir
 from air_sdk.runner.policy import NodeHealthPolicy
 from air_sdk.runner.retention import RetentionPolicy, collect_garbage
+from air_sdk.runner.slo_watch import SloWatch
 from air_sdk.scheduler import (
     JobRequest,
     NodeSpec,
@@ -111,6 +112,11 @@ class Runner:
         #: the operator's cap on a job's `failure.preemption_grace_s` (submits above it
         #: are refused; a job stored before the cap was lowered gets the cap)
         self.max_preemption_grace_s = max_preemption_grace_s
+        #: the tenants' SLOs, re-measured on the state changes that feed them
+        self.slo_watch = SloWatch(store, self.policy)
+        store.add_transition_listener(self.slo_watch.on_transition)
+        #: called with each scheduling cycle's seconds (the gateway's /metrics)
+        self.cycle_observers: list[Callable[[float], None]] = []
         self._sched = SchedulerState()
         #: the scheduler's view of each job holding a placement, kept between cycles
         #: (SchedulerState diffs by identity first)
@@ -221,10 +227,13 @@ class Runner:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            began = time.perf_counter()
             try:
                 self.schedule_once()
             except Exception:  # the loop must outlive any one bad cycle
                 log.exception("scheduling cycle failed")
+            for observe in self.cycle_observers:
+                observe(time.perf_counter() - began)
             if time.monotonic() >= self._next_sweep:
                 self._next_sweep = time.monotonic() + RETENTION_EVERY_S
                 try:
@@ -275,6 +284,11 @@ class Runner:
             busy = [*(r.placement for r in running), *placements]
             for held in held_by_cap:
                 explanations[held.job_id] = cap.waiting_reason(busy)
+        if self.policy.slos or self.policy.default_slos:
+            started_now = {p.job_id for p in placements}
+            waiting = [j for j in queued if j.id in explanations and j.id not in started_now]
+            for job_id, note in self.slo_watch.queue_notes(waiting, time.time()).items():
+                explanations[job_id] = f"{explanations[job_id]}; {note}"
         started = []
         for placement in placements:
             scheduled = self.store.transition(

@@ -14,6 +14,11 @@ policy (quotas, weights, switches). The format is documented in docs/scheduling.
     [tenants.vision]
     gpus = 16
     weight = 2
+      [[tenants.vision.slos]]          # service level objectives (docs/operations.md)
+      kind = "queue_wait"
+      percentile = 95
+      under_s = 600
+      priority = "high"
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from air_sdk.scheduler.gang import ANY_POOL, NodeSpec
 from air_sdk.scheduler.policy import (
@@ -32,6 +37,7 @@ from air_sdk.scheduler.policy import (
     SchedulerPolicy,
     TenantQuota,
 )
+from air_sdk.scheduler.slo import SloSpec
 from air_sdk.schema.names import ACCELERATOR, NAME, NODE, is_valid, shown
 
 Priority = Literal["low", "normal", "high"]
@@ -105,6 +111,60 @@ class PoolEntry(_Model):
         return v
 
 
+class SloEntry(_Model):
+    """One service level objective of a tenant (docs/operations.md):
+
+    - `kind = "queue_wait"`: `percentile` of queue waits `under_s` seconds (of jobs of
+      `priority` only, when given);
+    - `kind = "time_to_detect"`: `percentile` of failures noticed within `under_s`;
+    - `kind = "goodput"`: the window's goodput `at_least` this ratio.
+    """
+
+    kind: Literal["queue_wait", "goodput", "time_to_detect"]
+    name: str | None = Field(None, min_length=1, max_length=63, description="Default: kind.")
+    percentile: float | None = Field(None, gt=0, lt=100)
+    under_s: float | None = Field(None, gt=0)
+    at_least: float | None = Field(None, gt=0, lt=1)
+    priority: Priority | None = None
+    window_h: float = Field(24.0, gt=0, description="The rolling window, in hours.")
+    alert_burned: float = Field(
+        0.5, gt=0, le=1, description="Burned fraction of the error budget that alerts."
+    )
+
+    @model_validator(mode="after")
+    def _fields_fit_kind(self) -> SloEntry:
+        if self.kind == "goodput":
+            if self.at_least is None:
+                raise ValueError("a goodput SLO needs at_least (e.g. at_least = 0.9)")
+            if self.under_s is not None or self.percentile is not None:
+                raise ValueError("a goodput SLO takes at_least only: remove under_s/percentile")
+        else:
+            if self.under_s is None:
+                raise ValueError(f"a {self.kind} SLO needs under_s (seconds, e.g. under_s = 600)")
+            if self.at_least is not None:
+                raise ValueError(f"a {self.kind} SLO takes under_s and percentile, not at_least")
+        if self.priority is not None and self.kind != "queue_wait":
+            raise ValueError("priority applies to queue_wait SLOs only: remove it")
+        return self
+
+    def spec(self) -> SloSpec:
+        if self.kind == "goodput":
+            assert self.at_least is not None
+            target, objective = self.at_least, self.at_least
+        else:
+            assert self.under_s is not None
+            target, objective = self.under_s, (self.percentile or 95.0) / 100
+        return SloSpec(
+            name=self.name or self.kind,
+            kind=self.kind,
+            target=target,
+            objective=objective,
+            window_s=self.window_h * 3600,
+            priority=self.priority,
+            alert_burned=self.alert_burned,
+        )
+
+
 class TenantEntry(_Model):
     gpus: int | None = Field(None, ge=0)
     slots: int | None = Field(None, ge=0)
@@ -117,6 +177,18 @@ class TenantEntry(_Model):
     max_queued: int | None = Field(
         None, ge=1, description="Queued jobs it may have at once (default: '*''s, else 1000)."
     )
+    slos: list[SloEntry] | None = Field(
+        None, max_length=50, description="Its SLOs (default: '*''s, else none)."
+    )
+
+    @field_validator("slos")
+    @classmethod
+    def _slo_names_unique(cls, v: list[SloEntry] | None) -> list[SloEntry] | None:
+        names = [e.name or e.kind for e in v or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"SLO name {twice[0]!r} is used twice: give each a distinct name")
+        return v
 
 
 class SchedulerEntry(_Model):
@@ -244,4 +316,6 @@ def _policy(cfg: ClusterFile) -> SchedulerPolicy:
         default_max_priority=(star.max_priority if star and star.max_priority else "normal"),
         max_queued={n: t.max_queued for n, t in named.items() if t.max_queued},
         default_max_queued=(star.max_queued if star and star.max_queued else DEFAULT_MAX_QUEUED),
+        slos={n: tuple(e.spec() for e in t.slos) for n, t in named.items() if t.slos is not None},
+        default_slos=tuple(e.spec() for e in star.slos or ()) if star else (),
     )

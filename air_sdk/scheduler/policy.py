@@ -3,11 +3,12 @@ preemption, locality). Plain data; `air_sdk.scheduler.config` loads it from TOML
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from air_sdk.scheduler.gang import PRIORITIES
+from air_sdk.scheduler.slo import SloSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +78,10 @@ class SchedulerPolicy:
     max_queued: Mapping[str, int] = field(default_factory=dict)
     #: ... for tenants without an entry there
     default_max_queued: int = DEFAULT_MAX_QUEUED
+    #: per-tenant service level objectives (`air_sdk.scheduler.slo`)
+    slos: Mapping[str, tuple[SloSpec, ...]] = field(default_factory=dict)
+    #: ... for tenants without an entry there
+    default_slos: tuple[SloSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.fair_share not in ("drf", "fifo"):
@@ -113,3 +118,11 @@ class SchedulerPolicy:
 
     def max_queued_for(self, tenant: str) -> int:
         return self.max_queued.get(tenant, self.default_max_queued)
+
+    def slos_of(self, tenant: str) -> tuple[SloSpec, ...]:
+        """The tenant's SLOs: its own, else the '*' entry's."""
+        return self.slos.get(tenant, self.default_slos)
+
+    def tenants_with_slos(self, tenants: Iterable[str]) -> list[str]:
+        """Those of `tenants` with at least one SLO, in order."""
+        return [t for t in tenants if self.slos_of(t)]

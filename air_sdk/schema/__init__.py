@@ -56,6 +56,7 @@ from air_sdk.schema.events import (
 )
 from air_sdk.schema.export import ExportTarget
 from air_sdk.schema.gc import GcJob, GcReport, GcRequest
+from air_sdk.schema.slo import SloBurn, SloBurner, SloReport, SloStatus
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.spec import (
     API_VERSION,
@@ -125,6 +126,10 @@ __all__ = [
     "ROLES",
     "RankExit",
     "Resources",
+    "SloBurn",
+    "SloBurner",
+    "SloReport",
+    "SloStatus",
     "StateChange",
     "TERMINAL_STATES",
     "TenantCreate",

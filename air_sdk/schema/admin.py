@@ -8,6 +8,8 @@ Roles, from least to most:
 | `member` | + submit and cancel its tenant's jobs, upload bundles                    |
 | `admin`  | + manage its tenant's tokens; an admin of the system tenant (`default`)  |
 |          |   also creates tenants, manages every tenant's tokens and clears nodes   |
+| `metrics`| read `/metrics` (Prometheus) and nothing else; only the system admin     |
+|          |   issues one, in the system tenant (the metrics cover every tenant)      |
 
 Example:
     >>> TokenCreate(role="viewer", name="dashboard").role
@@ -23,9 +25,9 @@ from pydantic import ConfigDict, Field, field_validator
 from air_sdk.schema._guards import WireModel
 from air_sdk.schema.names import TENANT, control_chars, is_valid, json_pattern, shown
 
-#: every role a token can have, least powerful first
-ROLES = ("viewer", "member", "admin")
-Role = Literal["viewer", "member", "admin"]
+#: every role a token can have: the users' roles, least powerful first, then the scraper's
+ROLES = ("viewer", "member", "admin", "metrics")
+Role = Literal["viewer", "member", "admin", "metrics"]
 
 MAX_TOKEN_NAME_CHARS = 200
 

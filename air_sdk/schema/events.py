@@ -20,6 +20,7 @@ through it (never as dicts by key):
 | `alert`      | `Alert` (straggler, reattached, ...)                        | the runner         |
 | `result`     | `FunctionResult` (an `@air_sdk.distributed` call), rank set | worker reports     |
 | `export`     | `ExportStatus` (where a tracker export goes, done, failed)  | the export service |
+| `slo`        | `SloBurn` (a tenant's SLO burned its budget past a threshold) | the runner       |
 
 On the wire and in the store an event's `data` is the payload's JSON, as it
 always was, so stored rows read back unchanged. A reader ignores fields it does
@@ -44,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from air_sdk.schema._guards import WireModel
 from air_sdk.schema.data import DataLoading
 from air_sdk.schema.numbers import NON_FINITE, json_data
+from air_sdk.schema.slo import SloBurn
 from air_sdk.schema.state import JobState, show_value
 
 MAX_POINTS_PER_REPORT = 10_000
@@ -77,6 +79,7 @@ class EventType(str, Enum):
     ALERT = "alert"
     RESULT = "result"
     EXPORT = "export"
+    SLO = "slo"
 
 
 EventType._repr_pretty_ = show_value  # type: ignore[attr-defined]
@@ -411,10 +414,11 @@ EventPayload: TypeAlias = (
     | Alert
     | FunctionResult
     | ExportStatus
+    | SloBurn
 )
 
 #: event type -> the payload models it may hold (one, except checkpoints)
-PAYLOAD_MODELS: dict[EventType, tuple[type[_Payload], ...]] = {
+PAYLOAD_MODELS: dict[EventType, tuple[type[WireModel], ...]] = {
     EventType.STATE: (StateChange,),
     EventType.ATTEMPT: (AttemptChange,),
     EventType.METRICS: (MetricsBatch,),
@@ -425,8 +429,9 @@ PAYLOAD_MODELS: dict[EventType, tuple[type[_Payload], ...]] = {
     EventType.ALERT: (Alert,),
     EventType.RESULT: (FunctionResult,),
     EventType.EXPORT: (ExportStatus,),
+    EventType.SLO: (SloBurn,),
 }
-_TYPE_OF: dict[type[_Payload], EventType] = {
+_TYPE_OF: dict[type[WireModel], EventType] = {
     model: etype for etype, models in PAYLOAD_MODELS.items() for model in models
 }
 _P = TypeVar("_P", bound=BaseModel)

@@ -16,9 +16,12 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import logging
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from air_sdk.redact import REDACTED, is_secret_env
@@ -29,7 +32,9 @@ from air_sdk.store.database import Database
 from air_sdk.store.events import EventLog
 from air_sdk.store.secret_env import SecretEnvStore
 
-__all__ = ["ACTIVE_STATES", "IdempotencyConflict", "JobStore", "spec_hash"]
+__all__ = ["ACTIVE_STATES", "IdempotencyConflict", "JobStore", "Transition", "spec_hash"]
+
+log = logging.getLogger(__name__)
 
 #: the states of a job that holds (or is about to hold) a placement
 ACTIVE_STATES = (
@@ -48,6 +53,20 @@ class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different body."""
 
 
+@dataclass(frozen=True)
+class Transition:
+    """A committed state change, as transition listeners get it: the job after it, the
+    state it left and since when it had been in that state."""
+
+    job: JobRecord
+    previous: JobState
+    previous_since: float
+
+
+#: called after a state change commits (metrics, SLO checks); never inside its transaction
+TransitionListener = Callable[[Transition], None]
+
+
 class JobStore:
     """Creates, reads and moves jobs; numbers them in submission order."""
 
@@ -56,6 +75,12 @@ class JobStore:
         self._events = events
         self._secrets = secrets
         self._queue_order: int = db.read("SELECT COALESCE(MAX(queue_order), 0) FROM jobs")[0][0]
+        self._listeners: list[TransitionListener] = []
+
+    def add_transition_listener(self, listener: TransitionListener) -> None:
+        """Call `listener` after every committed state change (in the thread that made
+        it). It must be quick; an exception it raises is logged, never the caller's."""
+        self._listeners.append(listener)
 
     def create_job(
         self, spec: JobSpec, *, tenant: str, idempotency_key: str | None = None
@@ -161,6 +186,7 @@ class JobStore:
             if expect is not None and prev not in expect:
                 return None
             check_transition(prev, state)
+            prev_since = row["updated_at"]
             now = time.time()
             sets = ["state = ?", "state_reason = ?", "updated_at = ?"]
             args: list[Any] = [state.value, reason, now]
@@ -186,7 +212,15 @@ class JobStore:
             # may still post for ENDED_GRACE_S (see check_worker_token), and what they
             # post must be scrubbed, so the values stay in memory until then.
             self._secrets.retire(job_id, keep_s=ENDED_GRACE_S + SECRETS_MARGIN_S)
-        return self._job(row)
+        job = self._job(row)
+        if self._listeners:
+            moved = Transition(job, prev, prev_since)
+            for listener in self._listeners:
+                try:
+                    listener(moved)
+                except Exception:  # a metric or an SLO check must never fail a transition
+                    log.exception("transition listener %r failed", listener)
+        return job
 
     def request_cancel(self, job_id: str) -> JobRecord:
         """Mark a job for cancellation; a queued job is cancelled at once, an active one by

@@ -11,6 +11,7 @@ share its connections (`Database`: WAL, busy_timeout, 0600 files, migrations):
 | `AttemptStore` | `attempts.py` | attempts, worker tokens and their fencing |
 | `EventLog` | `events.py` | the per-job event log, worker reports, heartbeats |
 | `NodeHealthStore` | `nodes.py` | failures per node |
+| `StatsQueries` | `stats.py` | read-only aggregates for SLOs and /metrics |
 
 Callers (gateway, runner, CLI helpers, tests) call the store's methods by their
 plain names, `store.get_job(...)`, `store.append_worker_events(...)`: each of
@@ -31,6 +32,7 @@ from air_sdk.store.jobs import JobStore
 from air_sdk.store.nodes import NodeHealthStore
 from air_sdk.store.quota import JobQuotas, QuotaKeeper
 from air_sdk.store.secret_env import SecretEnvStore
+from air_sdk.store.stats import StatsQueries
 
 __all__ = ["SqliteStore"]
 
@@ -57,6 +59,7 @@ class SqliteStore:
         jobs = JobStore(db, events, secrets)
         attempts = AttemptStore(db, events, secrets)
         nodes = NodeHealthStore(db)
+        stats = StatsQueries(db)
 
         self.create_tenant = auth.create_tenant
         self.get_tenant = auth.get_tenant
@@ -78,6 +81,7 @@ class SqliteStore:
         self.transition = jobs.transition
         self.request_cancel = jobs.request_cancel
         self.queue_position = jobs.queue_position
+        self.add_transition_listener = jobs.add_transition_listener
 
         self.start_attempt = attempts.start_attempt
         self.end_attempt = attempts.end_attempt
@@ -98,6 +102,12 @@ class SqliteStore:
         self.record_node_failure = nodes.record_node_failure
         self.node_failures = nodes.node_failures
         self.clear_node_failures = nodes.clear_node_failures
+
+        self.queue_waits = stats.queue_waits
+        self.failed_attempts = stats.failed_attempts
+        self.ended_jobs = stats.ended_jobs
+        self.jobs_by_state = stats.jobs_by_state
+        self.store_size_bytes = stats.size_bytes
 
     def close(self) -> None:
         self._db.close()

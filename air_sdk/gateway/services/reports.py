@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -18,7 +19,7 @@ from air_sdk.errors import ApiError, AuthError, ConflictError
 from air_sdk.gateway.bodies import describe_validation_error
 from air_sdk.redact import Redactor
 from air_sdk.schema import FunctionResult, WorkerReport
-from air_sdk.schema.events import CheckpointRestore
+from air_sdk.schema.events import CheckpointCommit, CheckpointRestore
 
 if TYPE_CHECKING:
     from air_sdk.gateway.app import GatewayContext
@@ -30,6 +31,7 @@ def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, bo
     """Store one rank's report: an `AuthError` (401) for a token not of this job and
     attempt, a `ConflictError` (409) for an attempt no longer current, an `ApiError`
     (422) for a body that is not a `WorkerReport` or a result holding a secret."""
+    began = time.perf_counter()
     verdict = ctx.store.check_worker_token(job_id, attempt, token)
     if verdict == "invalid":
         raise AuthError(401, "the worker token does not belong to this job and attempt")
@@ -61,6 +63,12 @@ def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, bo
         active=active,
         finished=report.finished,
     )
+    if ctx.metrics is not None:  # one observation per report, never per point
+        ctx.metrics.observe_report(
+            num_points=len(report.points),
+            blocked_s=[c.blocked_s for c in report.checkpoints if isinstance(c, CheckpointCommit)],
+            seconds=time.perf_counter() - began,
+        )
 
 
 def scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:

@@ -101,7 +101,7 @@ def test_members_and_viewers_are_told_they_need_an_admin_token(gw):
 
 def test_a_bad_role_is_a_usage_error(gw):
     r = air("admin", "token", "create", "--role", "root")
-    assert r.exit_code == 2 and "viewer, member or admin" in r.output
+    assert r.exit_code == 2 and "use viewer, member, admin or metrics" in r.output
 
 
 def test_a_node_is_cleared(gw):

@@ -3,7 +3,8 @@ app's route table, so a new route without an expectation here fails the suite.
 
 Callers: the job's owner (member of tenant acme), a member of another tenant, an acme
 viewer, an acme admin, an admin of the system tenant, a worker token of the job's
-attempt, and nobody (no token).
+attempt, nobody (no token), and the system tenant's metrics token (Prometheus: it reads
+/metrics and nothing else, so 403 wherever a row does not say otherwise).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ class Expect(NamedTuple):
     sysadmin: int
     worker: int
     anonymous: int
+    metrics: int = 403
 
 
 CALLERS = Expect._fields
 
 # Shorthands for one row: the status each caller gets, in CALLERS order:
-#              owner other viewer admin sysadmin worker anonymous
+#              owner other viewer admin sysadmin worker anonymous (metrics: 403)
 READ_OWN = Expect(200, 404, 200, 200, 404, 401, 401)  # a job or bundle of acme
 WRITE_OWN = Expect(200, 404, 403, 200, 404, 401, 401)
 ANY_USER = Expect(200, 200, 200, 200, 200, 401, 401)
@@ -41,7 +43,12 @@ ADMIN = Expect(403, 403, 403, 200, 200, 401, 401)
 SYSTEM_ADMIN = Expect(403, 403, 403, 403, 200, 401, 401)
 
 EXPECTED: dict[tuple[str, str], Expect] = {
-    ("GET", "/v1/health"): Expect(200, 200, 200, 200, 200, 200, 200),
+    ("GET", "/v1/health"): Expect(200, 200, 200, 200, 200, 200, 200, metrics=200),
+    # every tenant's numbers: the scraper's token and the system admin; loopback without
+    # a token only where the gateway allows it (the test client's peer is not loopback)
+    ("GET", "/metrics"): Expect(403, 403, 403, 403, 200, 401, 401, metrics=200),
+    # each tenant's own SLOs, the system admin's all
+    ("GET", "/v1/slo"): ANY_USER,
     ("GET", "/v1/openapi.json"): ANY_USER,
     ("GET", "/v1/cluster"): ANY_USER,
     # bundles are per tenant: another tenant has not uploaded this one, and may upload its own
@@ -62,12 +69,12 @@ EXPECTED: dict[tuple[str, str], Expect] = {
     ("GET", "/v1/jobs/{job_id}/outputs/files/{path:path}"): READ_OWN,
     ("GET", "/v1/ui/jobs/{job_id}"): READ_OWN,
     # the web page's own files hold no data: anyone who reaches the gateway gets them
-    ("GET", "/ui"): Expect(200, 200, 200, 200, 200, 200, 200),
-    ("GET", "/ui/app.js"): Expect(200, 200, 200, 200, 200, 200, 200),
-    ("GET", "/ui/app.css"): Expect(200, 200, 200, 200, 200, 200, 200),
+    ("GET", "/ui"): Expect(200, 200, 200, 200, 200, 200, 200, metrics=200),
+    ("GET", "/ui/app.js"): Expect(200, 200, 200, 200, 200, 200, 200, metrics=200),
+    ("GET", "/ui/app.css"): Expect(200, 200, 200, 200, 200, 200, 200, metrics=200),
     # only the attempt's worker token may report; a user token is not one (401)
     ("POST", "/v1/jobs/{job_id}/attempts/{attempt}/report"): Expect(
-        401, 401, 401, 401, 401, 204, 401
+        401, 401, 401, 401, 401, 204, 401, metrics=401
     ),
     ("GET", "/v1/admin/tenants"): ADMIN,
     ("POST", "/v1/admin/tenants"): Expect(403, 403, 403, 403, 201, 401, 401),

@@ -30,6 +30,7 @@ from air_sdk.schema.events import (
     NodeAssignment,
     Placement,
     RankExit,
+    SloBurn,
     StateChange,
     UtilBatch,
     WorkerReport,
@@ -85,6 +86,18 @@ PAYLOADS: list[EventPayload] = [
         error_type="ValueError",
         error="bad lr",
         traceback='Traceback (most recent call last):\n  File "<air call>", line 1\nValueError: bad lr',
+    ),
+    SloBurn(
+        tenant="acme",
+        slo="queue-wait",
+        kind="queue_wait",
+        target=600.0,
+        objective=0.95,
+        value=900.0,
+        budget_left=-1.5,
+        burn_rate=2.5,
+        threshold=0.5,
+        jobs=["train-1a2b3c4d"],
     ),
 ]
 

@@ -1,0 +1,151 @@
+"""SloWatch over a real store: samples read from what the store recorded, one `slo` event
+per crossing of the threshold, and the three kinds measured as docs/operations.md says."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from air_sdk.runner.slo_watch import SloWatch
+from air_sdk.scheduler import SchedulerPolicy
+from air_sdk.scheduler.slo import SloSpec
+from air_sdk.schema import (
+    EventType,
+    FailureInfo,
+    JobSpec,
+    JobState,
+    NodeAssignment,
+    Placement,
+    RankExit,
+    SloBurn,
+)
+from air_sdk.store import SqliteStore
+
+WAIT = SloSpec(name="wait", kind="queue_wait", target=600, objective=0.5, alert_burned=0.5)
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = SqliteStore(tmp_path / "air.db")
+    store.create_tenant("acme")
+    return store
+
+
+def watch_for(store: SqliteStore, *specs: SloSpec, tenant: str = "acme") -> SloWatch:
+    watch = SloWatch(store, SchedulerPolicy(slos={tenant: specs}))
+    store.add_transition_listener(watch.on_transition)
+    return watch
+
+
+def submitted(store: SqliteStore, *, tenant: str = "acme", priority: str = "normal") -> str:
+    job, _ = store.create_job(JobSpec(entrypoint="t.py", priority=priority), tenant=tenant)
+    return job.id
+
+
+def backdate_queue(store: SqliteStore, job_id: str, seconds: float) -> None:
+    """The job entered the queue `seconds` ago (its QUEUED event and its record)."""
+    with store._db.tx() as c:
+        c.execute("UPDATE events SET ts = ts - ? WHERE job_id = ?", (seconds, job_id))
+        c.execute("UPDATE jobs SET updated_at = updated_at - ? WHERE id = ?", (seconds, job_id))
+
+
+def placed(store: SqliteStore, job_id: str) -> int:
+    store.transition(job_id, JobState.SCHEDULED, "placed")
+    attempt, _ = store.start_attempt(
+        job_id, Placement(job_id=job_id, nodes=(NodeAssignment(node="n0", slots=1),))
+    )
+    store.transition(job_id, JobState.STARTING, "launched")
+    return attempt
+
+
+def slo_events(store: SqliteStore, job_id: str) -> list[SloBurn]:
+    return [e.payload_as(SloBurn) for e in store.read_events(job_id, types=(EventType.SLO,))]
+
+
+def test_a_burn_is_one_event_on_the_job_that_crossed_the_threshold(store):
+    watch = watch_for(store, WAIT)
+    fast = submitted(store)
+    placed(store, fast)
+    slow = submitted(store)
+    backdate_queue(store, slow, 900)
+    placed(store, slow)  # 1 of 2 starts over 10 min: the whole budget of 50%
+    slower = submitted(store)
+    backdate_queue(store, slower, 1200)
+    placed(store, slower)  # still burning: no second event
+    assert slo_events(store, fast) == [] and slo_events(store, slower) == []
+    (burn,) = slo_events(store, slow)
+    assert (burn.tenant, burn.slo, burn.jobs) == ("acme", "wait", [slow])
+    assert burn.burn_rate == pytest.approx(1.0) and burn.budget_left == pytest.approx(0.0)
+    (status,) = watch.statuses("acme", time.time())
+    assert status.num_samples == 3 and status.burning
+    assert [b.job_id for b in status.burned_by] == sorted([slow, slower])
+    assert status.value == pytest.approx(900, abs=5)  # the p50 of ~0, 900, 1200
+
+
+def test_the_priority_filter_and_other_tenants(store):
+    store.create_tenant("globex")
+    watch = watch_for(
+        store, SloSpec(name="hi", kind="queue_wait", target=60, objective=0.9, priority="high")
+    )
+    low = submitted(store, priority="low")
+    backdate_queue(store, low, 900)
+    placed(store, low)
+    theirs = submitted(store, tenant="globex", priority="high")
+    backdate_queue(store, theirs, 900)
+    placed(store, theirs)
+    (status,) = watch.statuses("acme", time.time())
+    assert status.num_samples == 0 and status.budget_left == 1.0
+    assert watch.statuses("globex", time.time()) == []  # no SLOs of its own
+    assert [s.tenant for s in watch.statuses(None, time.time())] == ["acme"]
+
+
+def test_time_to_detect_counts_failures_with_an_exit_time(store):
+    spec = SloSpec(name="detect", kind="time_to_detect", target=30, objective=0.9)
+    watch = watch_for(store, spec)
+    job = submitted(store)
+    attempt = placed(store, job)
+    store.transition(job, JobState.RUNNING, "up")
+    died = time.time() - 45  # the rank died 45 s before the runner ended the attempt
+    crash = FailureInfo(
+        attempt=attempt,
+        reason="rank 0 exit code 3",
+        rank_exits=[RankExit(rank=0, exit_code=3, ended_at=died)],
+    )
+    store.end_attempt(job, attempt, crash.reason, crash)
+    hang = FailureInfo(attempt=attempt, reason="hung", kind="hang")  # no exit time: not counted
+    store.transition(job, JobState.FAILED, crash.reason, failure=crash)
+    other = submitted(store)
+    a2 = placed(store, other)
+    store.end_attempt(other, a2, "hung", hang)
+    (status,) = watch.statuses("acme", time.time())
+    assert status.num_samples == 1 and status.value == pytest.approx(45, abs=2)
+    assert status.burning and status.burned_by[0].job_id == job
+    assert [b.slo for b in slo_events(store, job)] == ["detect"]
+
+
+def test_goodput_of_ended_jobs(store):
+    spec = SloSpec(name="goodput", kind="goodput", target=0.9, objective=0.9)
+    watch = watch_for(store, spec)
+    job = submitted(store)
+    placed(store, job)
+    store.transition(job, JobState.RUNNING, "up")
+    store.transition(job, JobState.FAILED, "crashed")  # nothing kept: all of it lost
+    never_ran = submitted(store)
+    store.request_cancel(never_ran)
+    (status,) = watch.statuses("acme", time.time())
+    assert status.num_samples == 1 and status.value is not None and status.value < 0.5
+    assert status.burning
+    assert [b.slo for b in slo_events(store, job)] == ["goodput"]
+
+
+def test_queue_notes_name_waiting_jobs_of_tenants_at_risk(store):
+    watch = watch_for(store, SloSpec(name="wait", kind="queue_wait", target=600, objective=0.95))
+    old = submitted(store)
+    backdate_queue(store, old, 400)
+    new = submitted(store)
+    jobs = {j.id: j for j in store.list_jobs(states=(JobState.QUEUED,))}
+    notes = watch.queue_notes(jobs.values(), time.time())
+    assert set(notes) == {old}
+    assert "SLO 'wait' (p95 queue wait under 10 min) is at risk" in notes[old]
+    assert new not in notes
