@@ -29,12 +29,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from air_sdk.config import DEFAULT_PORT, air_home
+
+if TYPE_CHECKING:
+    from air_sdk.schema.limits import JobLimits
 
 __all__ = [
     "LOG_FILE",
@@ -299,6 +302,22 @@ class GatewayOptions(BaseSettings):
         " preempted): a submit above it is refused. `air cancel` of a job in its grace"
         " kills it 10 s after the cancel whatever its grace.",
     )
+    max_job_memory: Annotated[str | None, Flag(metavar="SIZE")] = Field(
+        None,
+        description="Cap on a job's --memory-limit (all its processes on a node, e.g. 16GiB):"
+        " a submit above it is refused, a job without a limit runs under it (docs/security.md).",
+    )
+    max_job_processes: Annotated[int | None, Flag(metavar="N")] = Field(
+        None,
+        ge=1,
+        description="Cap on a job's --max-processes (processes and threads on a node), as"
+        " for --max-job-memory.",
+    )
+    max_job_disk: Annotated[str | None, Flag(metavar="SIZE")] = Field(
+        None,
+        description="Cap on a job's --disk-limit (bytes under its writable directories), as"
+        " for --max-job-memory.",
+    )
     allow_unsandboxed_tenants: bool = Field(
         False,
         description="Serve more than one tenant on the local backend although its ranks run"
@@ -316,6 +335,24 @@ class GatewayOptions(BaseSettings):
         description="Connections one client address may hold; past it the address's oldest"
         " connection still waiting for its headers is closed, or the new one is refused.",
     )
+
+    @field_validator("max_job_memory", "max_job_disk")
+    @classmethod
+    def _size_ok(cls, v: str | None) -> str | None:
+        from air_sdk.schema.limits import JobLimits
+
+        if v is not None:
+            JobLimits(memory=v)  # a ValueError says what is wrong with it
+        return v
+
+    @property
+    def job_limit_caps(self) -> JobLimits:
+        """The caps on every job's limits (`JobSpec.limits`), as limits."""
+        from air_sdk.schema.limits import JobLimits
+
+        return JobLimits(
+            memory=self.max_job_memory, processes=self.max_job_processes, disk=self.max_job_disk
+        )
 
     @property
     def url(self) -> str:

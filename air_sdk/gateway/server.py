@@ -125,6 +125,7 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         policy=cluster.policy if cluster is not None else None,
         retention=retention_policy(opts),
         max_preemption_grace_s=opts.max_preemption_grace_s,
+        limit_caps=opts.job_limit_caps,
     )
     refusal = tenant_refusal(opts, backend)
     if refusal is not None and len(store.list_tenants()) > 1:

@@ -54,6 +54,7 @@ from air_sdk.schema.events import (
     WorkerReport,
 )
 from air_sdk.schema.gc import GcJob, GcReport, GcRequest
+from air_sdk.schema.limits import JobLimits
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.spec import (
     API_VERSION,
@@ -97,6 +98,7 @@ __all__ = [
     "GpuInfo",
     "Health",
     "Inventory",
+    "JobLimits",
     "JobList",
     "JobRecord",
     "JobSnapshot",

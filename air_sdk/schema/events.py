@@ -125,12 +125,17 @@ class RankExit(_Payload):
     signal: str | None = None
     oom_killed: bool = False
     tail: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES_PER_REPORT)
+    #: the job's limit it went past, with the numbers (`JobSpec.limits`), when that is
+    #: why it ended: "memory limit: job used 300 MiB > limit 64 MiB (...)"
+    limit: str | None = Field(None, max_length=1000)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
     def describe(self) -> str:
+        if self.limit:
+            return self.limit
         if self.signal:
             how = f"killed by {self.signal}" + (" (out of memory)" if self.oom_killed else "")
         else:
@@ -139,7 +144,16 @@ class RankExit(_Payload):
 
 
 FailureKind = Literal[
-    "crash", "oom", "hang", "lost_node", "preempted", "timeout", "startup", "gateway", "internal"
+    "crash",
+    "oom",
+    "hang",
+    "lost_node",
+    "preempted",
+    "timeout",
+    "startup",
+    "gateway",
+    "internal",
+    "limit",
 ]
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from air_sdk.schema._guards import WireModel, bounded_mapping
+from air_sdk.schema.limits import JobLimits
 from air_sdk.schema.names import (
     ACCELERATOR,
     ENV_NAME,
@@ -357,6 +358,11 @@ class JobSpec(_Frozen):
         " fsspec URL; None: <gateway home>/outputs/<job id> (on Ray, under AIR_RAY_STORAGE).",
     )
     failure: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
+    limits: JobLimits = Field(
+        default_factory=JobLimits,
+        description="Memory, processes and disk the job may use on each node (under the"
+        " operator's caps); past one the job fails, not retried, saying which.",
+    )
     bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
 
     @field_validator("name")

@@ -1,0 +1,173 @@
+"""Per-job limits on memory, processes and disk (issue 19): through a real gateway
+whose ranks run sandboxed (bwrap), with operator caps, each job one node and one rank.
+
+A job past a limit fails at once (not restarted, though it has restarts left) with a
+reason that names the limit and the numbers; a job under all of them succeeds; a job
+asking more than the operator's cap is refused at submit, naming the cap. The fork
+bomb is bounded (200 sleeping children at most) so it cannot hurt the machine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from airtest import stop_gateway_and_its_jobs
+
+from air_sdk.client import Client
+from air_sdk.errors import AirError
+from air_sdk.gateway.server import GatewayOptions, start_detached
+from air_sdk.runner.backends.local import free_port
+from air_sdk.schema import JobRecord, JobState
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="limits read /proc"),
+]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    if shutil.which("bwrap") is None:
+        pytest.fail("bwrap is not installed: apt-get install bubblewrap (make sandbox-deps)")
+    home = tmp_path_factory.mktemp("air-home")
+    opts = GatewayOptions(
+        port=free_port(),
+        home=home,
+        num_nodes=1,
+        slots_per_node=1,
+        write_client_config=False,
+        sandbox="bwrap",
+        max_job_memory="1GiB",
+        max_job_processes=256,
+        max_job_disk="256MiB",
+    )
+    gw = start_detached(opts)
+    try:
+        yield Client(gw.url, gw.token)
+    finally:
+        stop_gateway_and_its_jobs(gw.url, gw.token, home)
+
+
+def _run(client: Client, tmp_path: Path, code: str, **options: object) -> JobRecord:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(code))
+    job = client.submit_script(script, max_restarts=2, **options)  # type: ignore[arg-type]
+    return job.wait(timeout=180)
+
+
+def _failed_once_for(record: JobRecord, client: Client, words: str) -> str:
+    """The failure's reason, after checking it names `words` and was not retried."""
+    assert record.state is JobState.FAILED, (record.state, record.state_reason)
+    assert record.failure is not None and record.failure.kind == "limit", record.failure
+    reason = record.failure.reason
+    assert words in reason, reason
+    assert "not restarted" in record.state_reason, record.state_reason
+    assert len(client.job(record.id).attempts()) == 1  # restarts left, none used
+    return reason
+
+
+def test_a_job_that_allocates_past_its_memory_limit_fails_naming_it(client, tmp_path):
+    record = _run(
+        client,
+        tmp_path,
+        """
+        import time
+        chunks = []
+        for _ in range(32):  # 512 MiB, each page written
+            chunks.append(bytearray(b"x" * (16 << 20)))
+        print("allocated", flush=True)
+        time.sleep(120)
+        """,
+        memory_limit="128MiB",
+    )
+    reason = _failed_once_for(record, client, "memory limit: job used ")
+    assert "> limit 128 MiB" in reason and "--memory-limit" in reason
+
+
+def test_a_fork_bomb_fails_with_the_process_limit(client, tmp_path):
+    record = _run(
+        client,
+        tmp_path,
+        """
+        import os, time
+        for _ in range(200):  # bounded: a real bomb would not stop
+            if os.fork() == 0:
+                time.sleep(120)
+                os._exit(0)
+        time.sleep(120)
+        """,
+        max_processes=64,
+    )
+    reason = _failed_once_for(record, client, "process limit: job ran ")
+    assert "> limit 64" in reason and "--max-processes" in reason
+
+
+def test_a_job_writing_past_its_disk_limit_fails_naming_it(client, tmp_path):
+    record = _run(
+        client,
+        tmp_path,
+        """
+        import os, time
+        import air_sdk.runtime as air
+        for i in range(40):  # 40 MiB in files of 1 MiB, each under the per-file limit
+            with open(os.path.join(air.output_dir(), f"part-{i}"), "wb") as f:
+                f.write(os.urandom(1 << 20))
+        print("written", flush=True)
+        time.sleep(120)
+        """,
+        disk_limit="16MiB",
+    )
+    reason = _failed_once_for(record, client, "disk limit: job's directories hold ")
+    assert "> limit 16 MiB" in reason and "--disk-limit" in reason
+
+
+def test_one_file_past_the_disk_limit_fails_naming_it(client, tmp_path):
+    record = _run(
+        client,
+        tmp_path,
+        """
+        with open("/tmp/big", "wb") as f:
+            f.write(b"x" * (24 << 20))
+        """,
+        disk_limit="16MiB",
+    )
+    reason = _failed_once_for(record, client, "disk limit: rank 0 wrote a file past 16 MiB")
+    assert "--disk-limit" in reason
+
+
+def test_a_job_under_all_its_limits_succeeds(client, tmp_path):
+    record = _run(
+        client,
+        tmp_path,
+        """
+        import os, threading, time
+        import air_sdk.runtime as air
+        data = bytearray(b"x" * (32 << 20))
+        with open(os.path.join(air.output_dir(), "result"), "wb") as f:
+            f.write(os.urandom(4 << 20))
+        threads = [threading.Thread(target=time.sleep, args=(3,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print("done", len(data), flush=True)
+        """,
+        memory_limit="512MiB",
+        max_processes=64,
+        disk_limit="128MiB",
+    )
+    assert record.state is JobState.SUCCEEDED, (record.state_reason, record.failure)
+
+
+def test_a_job_asking_more_than_the_operators_cap_is_refused_at_submit(client, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    with pytest.raises(AirError, match="memory limit 4 GiB is over this gateway's cap of 1 GiB"):
+        client.submit_script(script, memory_limit="4GiB")
+    with pytest.raises(AirError, match="process limit 1000 is over this gateway's cap of 256"):
+        client.submit_script(script, max_processes=1000)
