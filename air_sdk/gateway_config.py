@@ -29,15 +29,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from air_sdk.config import DEFAULT_PORT, air_home
-
-if TYPE_CHECKING:
-    from air_sdk.schema.limits import JobLimits
 
 __all__ = [
     "LOG_FILE",
@@ -335,24 +332,6 @@ class GatewayOptions(BaseSettings):
         description="Connections one client address may hold; past it the address's oldest"
         " connection still waiting for its headers is closed, or the new one is refused.",
     )
-
-    @field_validator("max_job_memory", "max_job_disk")
-    @classmethod
-    def _size_ok(cls, v: str | None) -> str | None:
-        from air_sdk.schema.limits import JobLimits
-
-        if v is not None:
-            JobLimits(memory=v)  # a ValueError says what is wrong with it
-        return v
-
-    @property
-    def job_limit_caps(self) -> JobLimits:
-        """The caps on every job's limits (`JobSpec.limits`), as limits."""
-        from air_sdk.schema.limits import JobLimits
-
-        return JobLimits(
-            memory=self.max_job_memory, processes=self.max_job_processes, disk=self.max_job_disk
-        )
 
     @property
     def url(self) -> str:
