@@ -9,6 +9,7 @@ bomb is bounded (200 sleeping children at most) so it cannot hurt the machine.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import textwrap
@@ -16,12 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from airtest import stop_gateway_and_its_jobs
+from airtest import node_runners, stop_gateway_and_its_jobs, wait_for
 
 from air_sdk.client import Client
 from air_sdk.errors import AirError
 from air_sdk.gateway.server import GatewayOptions, start_detached
 from air_sdk.runner.backends.local import free_port
+from air_sdk.runner.node.records import RunnerRecord
 from air_sdk.schema import JobRecord, JobState
 
 pytestmark = [
@@ -31,7 +33,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Client, Path]]:
+    """A client of the gateway, and its home."""
     if shutil.which("bwrap") is None:
         pytest.fail("bwrap is not installed: apt-get install bubblewrap (make sandbox-deps)")
     home = tmp_path_factory.mktemp("air-home")
@@ -48,9 +51,14 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     )
     gw = start_detached(opts)
     try:
-        yield Client(gw.url, gw.token)
+        yield Client(gw.url, gw.token), home
     finally:
         stop_gateway_and_its_jobs(gw.url, gw.token, home)
+
+
+@pytest.fixture
+def client(gateway: tuple[Client, Path]) -> Client:
+    return gateway[0]
 
 
 def _run(client: Client, tmp_path: Path, code: str, **options: object) -> JobRecord:
@@ -138,6 +146,54 @@ def test_one_file_past_the_disk_limit_fails_naming_it(client, tmp_path):
     )
     reason = _failed_once_for(record, client, "disk limit: rank 0 wrote a file past 16 MiB")
     assert "--disk-limit" in reason
+
+
+def _warm_ready(job_id: str) -> bool:
+    """Whether the job's NodeRunner has a warm interpreter ready (its record says)."""
+    for _pid, node_dir in node_runners(job_id).values():
+        try:
+            record = RunnerRecord.from_dict(json.loads((node_dir / "runner.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if record.warm_ready:
+            return True
+    return False
+
+
+WARM_THEN_BIG_FILE = """
+import os, resource, sys, time
+from air_sdk.schema import WorkerEnv
+
+restarts = int(os.environ[WorkerEnv.env_name("restart_count")])
+print("attempt", restarts + 1, "RLIMIT_FSIZE", resource.getrlimit(resource.RLIMIT_FSIZE)[0], flush=True)
+if restarts == 0:  # until the test saw the next attempt's warm interpreter ready
+    go = os.path.join(os.environ[WorkerEnv.env_name("checkpoint_dir")], "go")
+    while not os.path.exists(go):
+        time.sleep(0.1)
+    sys.exit(3)
+try:
+    with open("/tmp/big", "wb") as f:
+        f.write(b"x" * (24 << 20))
+except OSError:
+    os.remove("/tmp/big")  # so the reason is the rlimit's, not the disk watch's
+    raise
+"""
+
+
+def test_a_rank_on_a_warm_interpreter_runs_under_the_same_limits(gateway, tmp_path):
+    client, home = gateway
+    script = tmp_path / "train.py"
+    script.write_text(WARM_THEN_BIG_FILE)
+    job = client.submit_script(script, max_restarts=1, disk_limit="16MiB")
+    wait_for(lambda: _warm_ready(job.id), 240, "a warm interpreter")  # shared cores: slow
+    (home / "jobs" / job.id / "checkpoints" / "go").touch()
+    record = job.wait(timeout=180)
+    assert record.state is JobState.FAILED, record.state_reason
+    assert record.failure is not None and record.failure.kind == "limit", record.failure
+    assert "disk limit: rank 0 wrote a file past 16 MiB" in record.failure.reason, record.failure
+    log = (home / "jobs" / job.id / "attempts" / "2" / "nodes" / "node-0.log").read_text()
+    assert "(1 of 1 on warm interpreters)" in log
+    assert f"attempt 2 RLIMIT_FSIZE {16 << 20}" in log
 
 
 def test_a_job_under_all_its_limits_succeeds(client, tmp_path):

@@ -81,6 +81,18 @@ def _size(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _past(used: int, limit: int) -> str:
+    """ "X > limit Y", in bytes when the rounded sizes would read the same.
+
+    Example:
+        >>> _past(300 << 20, 64 << 20), _past((16 << 20) + 4096, 16 << 20)
+        ('300 MiB > limit 64 MiB', '16781312 bytes > limit 16777216 bytes')
+    """
+    if _size(used) == _size(limit):
+        return f"{used} bytes > limit {limit} bytes"
+    return f"{_size(used)} > limit {_size(limit)}"
+
+
 @dataclass(frozen=True)
 class NodeLimits:
     """What one job may use on one node (`JobSpec.limits` under the operator's caps);
@@ -237,12 +249,12 @@ def over(limits: NodeLimits, usage: Usage | None, disk: int | None, node: str) -
         )
     if usage is not None and limits.memory is not None and usage.memory > limits.memory:
         return (
-            f"memory limit: job used {_size(usage.memory)} > limit {_size(limits.memory)}"
-            f" on {node} (set --memory-limit / {_ASK})"
+            f"memory limit: job used {_past(usage.memory, limits.memory)} on {node} (set"
+            f" --memory-limit / {_ASK})"
         )
     if disk is not None and limits.disk is not None and disk > limits.disk:
         return (
-            f"disk limit: job's directories hold {_size(disk)} > limit {_size(limits.disk)}"
+            f"disk limit: job's directories hold {_past(disk, limits.disk)}"
             f" (set --disk-limit / {_ASK})"
         )
     return None
