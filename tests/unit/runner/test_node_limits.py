@@ -237,3 +237,16 @@ def test_the_process_count_includes_threads(tmp_path: Path):
         stop.set()
         for t in threads:
             t.join()
+
+
+def test_an_operator_cap_that_is_no_size_is_refused_at_start_naming_its_flag():
+    from air_sdk.errors import ConfigError
+    from air_sdk.gateway.server import GatewayOptions, limit_caps
+
+    assert limit_caps(GatewayOptions(max_job_disk="100GiB", max_job_processes=512)) == JobLimits(
+        processes=512, disk=100 << 30
+    )
+    with pytest.raises(ConfigError, match="--max-job-disk: disk limit 'lots' is not a size"):
+        limit_caps(GatewayOptions(max_job_disk="lots"))
+    with pytest.raises(ConfigError, match="--max-job-memory: memory limit 512 KiB is below 1 MiB"):
+        limit_caps(GatewayOptions(max_job_memory="512KiB"))
