@@ -99,8 +99,9 @@ class JobLimits(WireModel):
 
     memory: int | None = Field(
         None,
-        description="Memory of all the job's processes on a node together (proportional set"
-        " size), in bytes or with a unit (4GiB); past it the job fails with 'memory limit'.",
+        description="Memory of all the job's processes on a node together (their anonymous"
+        " resident memory), in bytes or with a unit (4GiB); past it the job fails with"
+        " 'memory limit'.",
     )
     processes: int | None = Field(
         None,
