@@ -10,7 +10,9 @@ bomb is bounded (200 sleeping children at most) so it cannot hurt the machine.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from airtest import node_runners, stop_gateway_and_its_jobs, wait_for
 from air_sdk.client import Client
 from air_sdk.errors import AirError
 from air_sdk.gateway.server import GatewayOptions, start_detached
+from air_sdk.notebook.snapshot_html import badge_html
 from air_sdk.runner.backends.local import free_port
 from air_sdk.runner.node.records import RunnerRecord
 from air_sdk.schema import JobRecord, JobState
@@ -33,8 +36,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Client, Path]]:
-    """A client of the gateway, and its home."""
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Client, Path, str]]:
+    """A client of the gateway, its home and its admin token."""
     if shutil.which("bwrap") is None:
         pytest.fail("bwrap is not installed: apt-get install bubblewrap (make sandbox-deps)")
     home = tmp_path_factory.mktemp("air-home")
@@ -51,13 +54,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Client, 
     )
     gw = start_detached(opts)
     try:
-        yield Client(gw.url, gw.token), home
+        yield Client(gw.url, gw.token), home, gw.token
     finally:
         stop_gateway_and_its_jobs(gw.url, gw.token, home)
 
 
 @pytest.fixture
-def client(gateway: tuple[Client, Path]) -> Client:
+def client(gateway: tuple[Client, Path, str]) -> Client:
     return gateway[0]
 
 
@@ -79,7 +82,8 @@ def _failed_once_for(record: JobRecord, client: Client, words: str) -> str:
     return reason
 
 
-def test_a_job_that_allocates_past_its_memory_limit_fails_naming_it(client, tmp_path):
+def test_a_job_that_allocates_past_its_memory_limit_fails_naming_it(gateway, tmp_path):
+    client, _home, token = gateway
     record = _run(
         client,
         tmp_path,
@@ -95,6 +99,15 @@ def test_a_job_that_allocates_past_its_memory_limit_fails_naming_it(client, tmp_
     )
     reason = _failed_once_for(record, client, "memory limit: job used ")
     assert "> limit 128 MiB" in reason and "--memory-limit" in reason
+    # what a user reads: `air status` and the notebook monitor's badge
+    env = {**os.environ, "AIR_GATEWAY_URL": client.gateway_url, "AIR_TOKEN": token}
+    env.pop("AIR_CONFIG_FILE", None)
+    status = subprocess.run(
+        [sys.executable, "-m", "air_sdk.cli.main", "status", record.id],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "memory limit: job used" in " ".join(status.stdout.split()), status
+    assert "memory limit: job used" in badge_html(client.job(record.id).snapshot())
 
 
 def test_a_fork_bomb_fails_with_the_process_limit(client, tmp_path):
@@ -181,7 +194,7 @@ except OSError:
 
 
 def test_a_rank_on_a_warm_interpreter_runs_under_the_same_limits(gateway, tmp_path):
-    client, home = gateway
+    client, home, _token = gateway
     script = tmp_path / "train.py"
     script.write_text(WARM_THEN_BIG_FILE)
     job = client.submit_script(script, max_restarts=1, disk_limit="16MiB")
