@@ -305,6 +305,22 @@ class GatewayOptions(BaseSettings):
         " preempted): a submit above it is refused. `air cancel` of a job in its grace"
         " kills it 10 s after the cancel whatever its grace.",
     )
+    max_job_memory: Annotated[str | None, Flag(metavar="SIZE")] = Field(
+        None,
+        description="Cap on a job's --memory-limit (all its processes on a node, e.g. 16GiB):"
+        " a submit above it is refused, a job without a limit runs under it (docs/security.md).",
+    )
+    max_job_processes: Annotated[int | None, Flag(metavar="N")] = Field(
+        None,
+        ge=1,
+        description="Cap on a job's --max-processes (processes and threads on a node), as"
+        " for --max-job-memory.",
+    )
+    max_job_disk: Annotated[str | None, Flag(metavar="SIZE")] = Field(
+        None,
+        description="Cap on a job's --disk-limit (bytes under its writable directories), as"
+        " for --max-job-memory.",
+    )
     allow_unsandboxed_tenants: bool = Field(
         False,
         description="Serve more than one tenant on the local backend although its ranks run"

@@ -232,6 +232,36 @@ class JobOptions(TypedDict, total=False):
             " stopped and FAILED (default: none).",
         ),
     ]
+    memory_limit: Annotated[
+        str | None,
+        Option(
+            spec="limits.memory",
+            metavar="SIZE",
+            help="Memory all the job's processes on a node may use together (4GiB, 512MiB);"
+            " past it the job fails with 'memory limit', not restarted (default: the"
+            " gateway's cap, if any).",
+        ),
+    ]
+    max_processes: Annotated[
+        int | None,
+        Option(
+            spec="limits.processes",
+            metavar="N",
+            minimum=1,
+            help="Processes and threads the job may run on a node together; past it the job"
+            " fails with 'process limit' (default: the gateway's cap, if any).",
+        ),
+    ]
+    disk_limit: Annotated[
+        str | None,
+        Option(
+            spec="limits.disk",
+            metavar="SIZE",
+            help="Bytes the job may keep under its writable directories (code, attempts,"
+            " checkpoints, outputs, /tmp); past it the job fails with 'disk limit' (default:"
+            " the gateway's cap, if any).",
+        ),
+    ]
     dp_replicate: Annotated[
         int,
         Option(

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from air_sdk.runner import RetentionPolicy
     from air_sdk.runner.backends.base import Backend
     from air_sdk.scheduler import ClusterConfig, NodeSpec
+    from air_sdk.schema import JobLimits
     from air_sdk.store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,13 @@ def security_options(opts: GatewayOptions) -> SecurityOptions:
 
 def preflight(opts: GatewayOptions) -> None:
     """Refuse, with the message, what would make a gateway exit at once: a bind that
-    would send tokens in clear text, a cluster file that does not load."""
+    would send tokens in clear text, a cluster file that does not load, a cap on jobs'
+    limits that is no size."""
     check_bind(
         opts.host, tls_cert=opts.tls_cert, tls_key=opts.tls_key, insecure_bind=opts.insecure_bind
     )
     load_cluster(opts.cluster_file)
+    limit_caps(opts)
 
 
 def _ensure_token(store: SqliteStore, home: Path) -> str:
@@ -125,6 +128,7 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         policy=cluster.policy if cluster is not None else None,
         retention=retention_policy(opts),
         max_preemption_grace_s=opts.max_preemption_grace_s,
+        limit_caps=limit_caps(opts),
     )
     refusal = tenant_refusal(opts, backend)
     if refusal is not None and len(store.list_tenants()) > 1:
@@ -143,6 +147,30 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     )
     app = create_app(ctx, security=security_options(opts))
     return app, token
+
+
+def limit_caps(opts: GatewayOptions) -> JobLimits:
+    """The operator's caps on every job's limits (`--max-job-memory` ...); a
+    `ConfigError` naming the flag for a value that is no size.
+
+    Example:
+        >>> limit_caps(GatewayOptions(max_job_memory="16GiB")).memory
+        17179869184
+    """
+    from pydantic import ValidationError
+
+    from air_sdk.schema import JobLimits
+
+    try:
+        return JobLimits(
+            memory=opts.max_job_memory, processes=opts.max_job_processes, disk=opts.max_job_disk
+        )
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        flag = {"memory": "--max-job-memory", "processes": "--max-job-processes"}.get(
+            str(problem["loc"][0]), "--max-job-disk"
+        )
+        raise ConfigError(f"{flag}: {problem['msg'].removeprefix('Value error, ')}") from exc
 
 
 def sandbox_line(backend: Backend) -> str | None:

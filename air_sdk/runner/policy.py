@@ -44,8 +44,10 @@ class FailureDecision:
 @dataclass(frozen=True)
 class RestartPolicy:
     """Restart a failed attempt while the budget lasts, after an exponential backoff
-    with full jitter; fail at once on failures declared non-retryable. Preemptions and
-    other uncharged failures restart without using the budget.
+    with full jitter; fail at once on failures declared non-retryable and on a job past
+    one of its own limits (`JobSpec.limits`: the restart would pass it again, as an OOM
+    loop does). Preemptions and other uncharged failures restart without using the
+    budget.
 
     Example:
         >>> f = FailureInfo(attempt=1, reason="rank 1 exit code 3", exit_code=3)
@@ -91,6 +93,8 @@ class RestartPolicy:
         )
 
     def _non_retryable(self, failure: FailureInfo) -> str:
+        if failure.kind == "limit":  # the job's own use: a restart would hit it again
+            return "not restarted: raise the limit or use less"
         if (
             failure.exit_code is not None
             and failure.exit_code in self.spec.non_retryable_exit_codes
@@ -139,6 +143,7 @@ def diagnose(
             root.signal == "SIGTERM" or root.exit_code == SIGTERM_EXIT
         )
         kind = "preempted" if preempted else ("oom" if root.oom_killed else "crash")
+        kind = "limit" if root.limit and not preempted else kind
         reason = root.describe() + (" (preempted: SIGTERM from outside AIR)" if preempted else "")
         return FailureInfo(
             attempt=attempt,
@@ -327,7 +332,7 @@ def node_evidence(
         >>> node_evidence(f, tenant="a", job_id="j", now=1.0).kind
         'crash'
     """
-    if failure.node is None:
+    if failure.node is None or failure.kind == "limit":  # a limit hit is the job's doing
         return None
     lines = [*failure.log_tail, *(line for e in failure.rank_exits for line in e.tail)]
     kind: NodeEvidenceKind | None = None

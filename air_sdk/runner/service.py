@@ -35,7 +35,16 @@ from air_sdk.scheduler import (
     fits_ever,
 )
 from air_sdk.scheduler.tenancy import mask_foreign_jobs
-from air_sdk.schema import Alert, FailureInfo, GcReport, JobRecord, JobSpec, JobState, Placement
+from air_sdk.schema import (
+    Alert,
+    FailureInfo,
+    GcReport,
+    JobLimits,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Placement,
+)
 from air_sdk.store import ACTIVE_STATES, SqliteStore
 
 log = logging.getLogger(__name__)
@@ -92,6 +101,7 @@ class Runner:
         policy: SchedulerPolicy | None = None,
         retention: RetentionPolicy | None = None,
         max_preemption_grace_s: float = DEFAULT_MAX_PREEMPTION_GRACE_S,
+        limit_caps: JobLimits | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -117,6 +127,9 @@ class Runner:
         store.add_transition_listener(self.slo_watch.on_transition)
         #: called with each scheduling cycle's seconds (the gateway's /metrics)
         self.cycle_observers: list[Callable[[float], None]] = []
+        #: the operator's caps on a job's limits (submits above them are refused; a job
+        #: runs under the smaller of its own and the caps, also one stored before)
+        self.limit_caps = limit_caps or JobLimits()
         self._sched = SchedulerState()
         #: the scheduler's view of each job holding a placement, kept between cycles
         #: (SchedulerState diffs by identity first)
@@ -358,6 +371,8 @@ class Runner:
         return default_output_dir(job_id=job_id, home=self.home, storage=self.output_storage)
 
     def _controller(self, job: JobRecord, placement: Placement) -> JobController:
+        limits = job.spec.limits.capped(self.limit_caps)
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"limits": limits})})
         return JobController(
             self.store,
             self.backend,

@@ -56,6 +56,7 @@ from air_sdk.schema.events import (
 )
 from air_sdk.schema.export import ExportTarget
 from air_sdk.schema.gc import GcJob, GcReport, GcRequest
+from air_sdk.schema.limits import JobLimits
 from air_sdk.schema.slo import SloBurn, SloBurner, SloReport, SloStatus
 from air_sdk.schema.snapshot import JobSnapshot
 from air_sdk.schema.spec import (
@@ -102,6 +103,7 @@ __all__ = [
     "GpuInfo",
     "Health",
     "Inventory",
+    "JobLimits",
     "JobList",
     "JobRecord",
     "JobSnapshot",

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from air_sdk.schema._guards import WireModel
 from air_sdk.schema.data import DataLoading
+from air_sdk.schema.export import ExportStatus as ExportStatus
 from air_sdk.schema.numbers import NON_FINITE, json_data
 from air_sdk.schema.slo import SloBurn
 from air_sdk.schema.state import JobState, show_value
@@ -131,12 +132,17 @@ class RankExit(_Payload):
     signal: str | None = None
     oom_killed: bool = False
     tail: list[str] = Field(default_factory=list, max_length=MAX_LOG_LINES_PER_REPORT)
+    #: the job's limit it went past, with the numbers (`JobSpec.limits`), when that is
+    #: why it ended: "memory limit: job used 300 MiB > limit 64 MiB (...)"
+    limit: str | None = Field(None, max_length=1000)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
     def describe(self) -> str:
+        if self.limit:
+            return self.limit
         if self.signal:
             how = f"killed by {self.signal}" + (" (out of memory)" if self.oom_killed else "")
         else:
@@ -145,7 +151,16 @@ class RankExit(_Payload):
 
 
 FailureKind = Literal[
-    "crash", "oom", "hang", "lost_node", "preempted", "timeout", "startup", "gateway", "internal"
+    "crash",
+    "oom",
+    "hang",
+    "lost_node",
+    "preempted",
+    "timeout",
+    "startup",
+    "gateway",
+    "internal",
+    "limit",
 ]
 
 
@@ -221,21 +236,6 @@ class Alert(_Payload):
     rank: int | None = None
     #: the event type the alert is about (a `quota` alert: `log` or `metrics`)
     of: str | None = None
-
-
-class ExportStatus(_Payload):
-    """Where the gateway exports the job to one tracker (`JobSpec.export`), and how it
-    went: `running` (with where the data goes), `done`, or `failed` (with why).
-
-    Example:
-        >>> ExportStatus(to="tensorboard", state="running", location="/h/exports/j/tb").state
-        'running'
-    """
-
-    to: str
-    state: Literal["running", "done", "failed"]
-    location: str = ""
-    error: str = ""
 
 
 # ---- what workers report ------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from air_sdk.schema._guards import WireModel
 from air_sdk.schema.names import control_chars, shown
 
-__all__ = ["EXPORT_TARGETS", "ExportTarget", "ExportTo", "parse_targets"]
+__all__ = ["EXPORT_TARGETS", "ExportStatus", "ExportTarget", "ExportTo", "parse_targets"]
 
 ExportTo = Literal["mlflow", "wandb", "tensorboard"]
 #: every tracker a job can be exported to
@@ -119,3 +119,20 @@ def parse_targets(items: object) -> object:
         else:
             out.append(item)
     return out
+
+
+class ExportStatus(WireModel):
+    """Where the gateway exports the job to one tracker (`JobSpec.export`), and how it
+    went: `running` (with where the data goes), `done`, or `failed` (with why).
+
+    Example:
+        >>> ExportStatus(to="tensorboard", state="running", location="/h/exports/j/tb").state
+        'running'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    to: str
+    state: Literal["running", "done", "failed"]
+    location: str = ""
+    error: str = ""

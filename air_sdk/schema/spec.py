@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from air_sdk.schema._guards import WireModel, bounded_mapping
 from air_sdk.schema.export import ExportTarget, parse_targets
+from air_sdk.schema.limits import JobLimits
 from air_sdk.schema.names import (
     ACCELERATOR,
     ENV_NAME,
@@ -363,6 +364,11 @@ class JobSpec(_Frozen):
         max_length=3,
         description="Trackers the gateway forwards the job's metrics, checkpoints and final"
         " state to (mlflow, wandb, tensorboard; one each), from the event log.",
+    )
+    limits: JobLimits = Field(
+        default_factory=JobLimits,
+        description="Memory, processes and disk the job may use on each node (under the"
+        " operator's caps); past one the job fails, not retried, saying which.",
     )
     bundle_sha256: str | None = Field(None, description="Content address of the uploaded code.")
 

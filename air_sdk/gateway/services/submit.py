@@ -40,8 +40,10 @@ def check_idempotency_key(key: str | None) -> None:
 
 def refusal(ctx: GatewayContext, tenant: str, spec: JobSpec) -> str | None:
     """Why `spec` cannot run here at all, or None: its code is missing, no placement
-    could ever hold it, its model would not fit its accelerators, or it names a
-    directory outside the roots the operator lets jobs write (checked again at launch)."""
+    could ever hold it, its model would not fit its accelerators, it asks for more
+    memory, processes or disk than the operator's caps (`air gateway start
+    --max-job-memory` ...), or it names a directory outside the roots the operator lets
+    jobs write (checked again at launch)."""
     if spec.entrypoint is not None and spec.bundle_sha256 is None:
         return "an entrypoint job needs its code: upload a bundle and set bundle_sha256"
     if spec.bundle_sha256 and ctx.store.get_bundle(tenant, spec.bundle_sha256) is None:
@@ -53,6 +55,9 @@ def refusal(ctx: GatewayContext, tenant: str, spec: JobSpec) -> str | None:
     too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])
     if too_big is not None:
         return too_big
+    over_cap = spec.limits.over(ctx.runner.limit_caps)
+    if over_cap is not None:
+        return over_cap
     if spec.export:
         if ctx.exports is None:
             return "this gateway exports to no tracker: submit without --export"

@@ -206,10 +206,14 @@ class LocalBackend:
             )
             if self.sandbox.enabled:
                 box = self.sandbox_spec(request.job_id, request.attempt_dir, launch)
+                own = [box.tmp, box.shm] if box.shm else [box.tmp]
                 launch = dataclasses.replace(
                     launch,
                     wrapper=self.sandbox.wrapper(box),
                     defaults={**launch.defaults, **SANDBOX_DEFAULTS},
+                    limits=dataclasses.replace(
+                        launch.limits, disk_dirs=[*launch.limits.disk_dirs, *own]
+                    ),
                 )
             node_dir = job_nodes / assignment.node
             process = self._kept(node_dir)

@@ -11,7 +11,7 @@ next attempt's ranks need not start Python and import torch again:
     Popen(..., pass_fds=(status,))      ->  PDEATHSIG=SIGKILL; import MODULE... in a
                                             nice(10) thread (its session: the NodeRunner's)
     status pipe: reads b"R"             <-  imports done
-    stdin: one JSON line                ->  {"argv", "env", "cwd"} of a rank
+    stdin: one JSON line                ->  {"argv", "env", "cwd", "rlimits"} of a rank
     (EOF: not needed any more)          ->  exits
                                             setsid() (a session of its own, as every
                                             rank), chdir, takes the env, then runs the
@@ -74,6 +74,19 @@ def _warm_up(modules: list[str], status_fd: int) -> None:
         os.write(status_fd, b"R")
     except OSError:
         os._exit(0)  # nobody listens: the NodeRunner is gone
+
+
+def _set_rlimits(arg: str) -> None:
+    """The job's rlimits ("DATA=N,FSIZE=N", "-" for none: `node.limits.rlimit_arg`),
+    soft and hard, as a cold rank's trampoline sets them (`_procs._TRAMPOLINE`)."""
+    import resource
+
+    for item in arg.split(",") if arg != "-" else []:
+        name, value = item.split("=")
+        kind = getattr(resource, "RLIMIT_" + name)
+        hard = resource.getrlimit(kind)[1]
+        limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(kind, (limit, limit))
 
 
 def _read_line(fd: int) -> bytes:
@@ -162,6 +175,7 @@ def main(args: list[str]) -> None:
     os.dup2(null, 0)
     os.close(null)
     os.chdir(command["cwd"])
+    _set_rlimits(command.get("rlimits", "-"))
     os.environ.clear()
     os.environ.update(command["env"])
     importer.join()

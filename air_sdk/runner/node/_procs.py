@@ -33,23 +33,36 @@ __all__ = [
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
-#: a cold rank starts through this: die with the NodeRunner (parent-death signal), then
-#: become `python -u SCRIPT` in place. `-S`: no site import, ~10 ms.
+#: a cold rank starts through this: die with the NodeRunner (parent-death signal), take
+#: the job's rlimits ("DATA=N,FSIZE=N" or "-": `node.limits`), then become `python -u
+#: SCRIPT` in place. `-S`: no site import, ~10 ms.
 _TRAMPOLINE = (
     "import ctypes, os, sys\n"
     "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
     "parent = int(sys.argv[1])\n"
     "if parent and os.getppid() != parent: os._exit(137)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
+    "for item in sys.argv[2].split(',') if sys.argv[2] != '-' else []:\n"
+    "    import resource\n"
+    "    name, value = item.split('=')\n"
+    "    kind = getattr(resource, 'RLIMIT_' + name)\n"
+    "    hard = resource.getrlimit(kind)[1]\n"
+    "    value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)\n"
+    "    resource.setrlimit(kind, (value, value))\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n"
 )
 
 
 def cold_argv(
-    wrapper: list[str], command: list[str], parent: int, env: Mapping[str, str]
+    wrapper: list[str],
+    command: list[str],
+    parent: int,
+    env: Mapping[str, str],
+    rlimits: str = "-",
 ) -> list[str]:
     """A fresh rank's command line: `python -u COMMAND...` (under autolog's import hook
     unless `env` turns it off, see `air_sdk.runtime._rank_main`) that dies with
-    `parent` (0: do not check the parent, e.g. behind a wrapper that forks).
+    `parent` (0: do not check the parent, e.g. behind a wrapper that forks), under
+    `rlimits` (`air_sdk.runner.node.limits.rlimit_arg`).
 
     Example:
         >>> cold_argv([], ["train.py", "--lr", "1"], 42, {"AIR_AUTOLOG": "0"})[-4:]
@@ -60,7 +73,8 @@ def cold_argv(
     from air_sdk.runtime._rank_main import python_argv
 
     python = sys.executable
-    return [*wrapper, python, "-S", "-c", _TRAMPOLINE, str(parent), *python_argv(command, env)]
+    head = [*wrapper, python, "-S", "-c", _TRAMPOLINE, str(parent), rlimits]
+    return [*head, *python_argv(command, env)]
 
 
 def _children(pid: int) -> list[int]:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from air_sdk.runner.node import _boot, _procs
 from air_sdk.runner.node.launch import NodeLaunch, import_sensitive
+from air_sdk.runner.node.limits import rlimit_arg
 from air_sdk.runner.node.sandbox import wrap
 
 __all__ = ["WarmPool"]
@@ -181,7 +182,8 @@ class WarmPool:
                     self._idle.remove(found)
             if found is None:
                 return None
-            command = {"argv": launch.command, "env": env, "cwd": launch.cwd}
+            rlimits = rlimit_arg(launch.limits.rlimits(user_namespace=bool(launch.wrapper)))
+            command = {"argv": launch.command, "env": env, "cwd": launch.cwd, "rlimits": rlimits}
             try:
                 assert found.proc.stdin is not None
                 found.proc.stdin.write(json.dumps(command).encode() + b"\n")

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from air_sdk.runner.node.limits import NodeLimits
+
 __all__ = [
     "MODULE_PREFIX",
     "WARM_IMPORTS",
@@ -131,6 +133,8 @@ class NodeLaunch:
     #: keep pre-imported interpreters ready for this job's next attempt on this node
     warm: bool = True
     warm_imports: list[str] = field(default_factory=lambda: list(WARM_IMPORTS))
+    #: what the job may use on this node (`air_sdk.runner.node.limits`)
+    limits: NodeLimits = field(default_factory=NodeLimits)
 
     @property
     def ranks_per_node(self) -> int:
@@ -147,4 +151,5 @@ class NodeLaunch:
     def from_dict(cls, data: Mapping[str, Any]) -> NodeLaunch:
         values = dict(data)
         values["ranks"] = [RankLaunch(**r) for r in values.get("ranks", [])]
+        values["limits"] = NodeLimits.from_dict(values.get("limits"))
         return cls(**values)

@@ -5,11 +5,13 @@ rank's RANK, WORLD_SIZE and MASTER_ADDR/PORT come from it: no rendezvous).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 
 from air_sdk.planner.worker_env import flops_per_token
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch, program_argv
+from air_sdk.runner.node.limits import NodeLimits
 from air_sdk.schema import JobSpec
 from air_sdk.schema.worker_env import DEFAULTED_ENV, WorkerEnv
 
@@ -141,6 +143,15 @@ def plan_node(
     if loopback:  # virtual nodes of one machine talk over 127.0.0.1
         defaults[WorkerEnv.env_name("gloo_socket_ifname")] = "lo"
     assert set(defaults) <= DEFAULTED_ENV
+    # the job's writable directories on this node (the local backend adds its /tmp and
+    # /dev/shm); an fsspec URL is no directory here
+    dirs = [cwd, os.path.dirname(attempt_dir), worker.checkpoint_dir, worker.output_dir]
+    limits = NodeLimits(
+        memory=spec.limits.memory,
+        processes=spec.limits.processes,
+        disk=spec.limits.disk,
+        disk_dirs=list(dict.fromkeys(d for d in dirs if d and os.path.isabs(d))),
+    )
     return NodeLaunch(
         job_id=worker.job_id or "",
         attempt=worker.attempt,
@@ -153,6 +164,7 @@ def plan_node(
         defaults=defaults,
         attempt_env=sorted(WorkerEnv.names() - _STABLE - DEFAULTED_ENV),
         warm=warm,
+        limits=limits,
     )
 
 
@@ -167,4 +179,9 @@ def localize(launch: NodeLaunch, *, cwd: str, attempt_dir: str, log_path: str) -
     """
     paths = {WorkerEnv.env_name("pwd"): cwd, WorkerEnv.env_name("attempt_dir"): attempt_dir}
     ranks = [RankLaunch(r.rank, r.local_rank, {**r.env, **paths}) for r in launch.ranks]
-    return replace(launch, cwd=cwd, attempt_dir=attempt_dir, log_path=log_path, ranks=ranks)
+    moved = {launch.cwd: cwd, os.path.dirname(launch.attempt_dir): os.path.dirname(attempt_dir)}
+    dirs = [moved.get(d, d) for d in launch.limits.disk_dirs]
+    limits = replace(launch.limits, disk_dirs=list(dict.fromkeys(dirs)))
+    return replace(
+        launch, cwd=cwd, attempt_dir=attempt_dir, log_path=log_path, ranks=ranks, limits=limits
+    )

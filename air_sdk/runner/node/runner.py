@@ -23,6 +23,7 @@ It knows pids it started, never scans the host.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -41,9 +42,10 @@ from typing import IO, Any
 from air_sdk.runner.node import _procs
 from air_sdk.runner.node._warm import WarmPool
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
+from air_sdk.runner.node.limits import LimitWatch, explain_exit, rlimit_arg
 from air_sdk.runner.node.records import RankRecord, failure_marks, log_tail, open_node_log
 from air_sdk.runner.node.reporter import RankReporter
-from air_sdk.runner.node.sandbox import wrap
+from air_sdk.runner.node.sandbox import sandboxed_returncode, wrap
 from air_sdk.runtime._flight_recorder import trace_env
 from air_sdk.runtime.supervise import drain_output
 
@@ -80,6 +82,8 @@ class _Rank:
     pump_idle: threading.Event = field(default_factory=threading.Event)
     recorded: threading.Event = field(default_factory=threading.Event)
     reporter: RankReporter | None = None
+    #: the job's limit it was killed for, or that its end shows it hit (`node.limits`)
+    limit: str | None = None
 
     @property
     def rank(self) -> int:
@@ -150,6 +154,13 @@ class NodeRunner:
             self._stopping = False
         envs = [self._rank_env(launch, r, master) for r in launch.ranks]
         ranks = self._call(lambda: self._spawn_all(launch, envs))
+        if launch.limits.any:
+
+            def done() -> bool:
+                return self._launch is not launch or all(r.returncode is not None for r in ranks)
+
+            over = functools.partial(self._over_limit, ranks)
+            LimitWatch(launch.limits, launch.node, self._tree, over, done=done).start()
         warm = sum(r.warm for r in ranks)
         first, last = launch.ranks[0].rank, launch.ranks[-1].rank
         self.note(
@@ -213,6 +224,20 @@ class NodeRunner:
         for r in self._ranks:
             r.recorded.wait(DRAIN_AFTER_EXIT_S + 1)
         self._on_change()
+
+    def _over_limit(self, ranks: list[_Rank], reason: str) -> None:
+        """The attempt's processes went past a limit: say which, and kill them all (the
+        runner sees the ranks' ends, each naming the limit, and stops the attempt)."""
+        with self._changed:
+            for r in ranks:
+                r.limit = r.limit or reason
+        self.note(reason)
+        for _ in range(3):  # a fork bomb forks while it is killed
+            for r in ranks:
+                if r.pid and r.returncode is None:
+                    _procs.killpg(r.pid, signal.SIGKILL)
+            for pid in self._tree():
+                _procs.kill(pid, signal.SIGKILL)
 
     def _wait_torn_down(self) -> None:
         """Wait until what was killed has finished exiting. A SIGKILLed process is
@@ -310,7 +335,8 @@ class NodeRunner:
             error = None
             if proc is None:
                 parent = 0 if launch.wrapper else os.getpid()  # a sandbox forks
-                argv = _procs.cold_argv([], launch.command, parent, env)
+                rlimits = launch.limits.rlimits(user_namespace=bool(launch.wrapper))
+                argv = _procs.cold_argv([], launch.command, parent, env, rlimit_arg(rlimits))
                 env_fd = None
                 try:
                     # the sandbox's wrapper starts with an empty environment; the
@@ -442,7 +468,7 @@ class NodeRunner:
         with self._changed:
             for r in self._ranks:
                 if r.returncode is None and r.proc is not None and r.proc.poll() is not None:
-                    r.returncode = _sandboxed_returncode(r.proc.returncode, r.node.wrapper)
+                    r.returncode = sandboxed_returncode(r.proc.returncode, r.node.wrapper)
                     r.ended_at = time.time()
                     ended.append(r)
             if ended:
@@ -515,7 +541,9 @@ class NodeRunner:
         with r.tail_lock:
             tail = list(r.tail)
         ended = rank_exit(r.rank, r.returncode, tail, r.oom_before, launch.node)
-        ended = ended.model_copy(update={"ended_at": r.ended_at})
+        nproc = "NPROC" in launch.limits.rlimits(user_namespace=bool(launch.wrapper))
+        r.limit = r.limit or explain_exit(launch.limits, r.rank, r.returncode, tail, nproc=nproc)
+        ended = ended.model_copy(update={"ended_at": r.ended_at, "limit": r.limit})
         write_exit_record(ended, launch.attempt_dir)  # first: the runner reads it at once
         with self._changed:  # only now does the node's verdict count this rank
             r.recorded.set()
@@ -528,15 +556,15 @@ class NodeRunner:
         # a rank counts once its exit record is written: a runner that reads the
         # verdict finds the record of the rank it names
         failed = sorted(
-            (r.ended_at or 0.0, r.rank, r.returncode)
+            (r.ended_at or 0.0, r.rank, r.returncode, r.limit or "")
             for r in self._ranks
             if r.returncode not in (None, 0) and r.recorded.is_set()
         )
         if failed:
-            _, rank, code = failed[0]
+            _, rank, code, limit = failed[0]
             assert code is not None
             status = 128 - code if code < 0 else code
-            return status, f"rank {rank} {_describe(status)}"
+            return status, limit or f"rank {rank} {_describe(status)}"
         if self._ranks and all(r.returncode == 0 and r.recorded.is_set() for r in self._ranks):
             return 0, "every rank exited 0"
         if self._stopping and not self._ranks:
@@ -550,19 +578,6 @@ class NodeRunner:
             except OSError:
                 pass
             self._log = None
-
-
-def _sandboxed_returncode(code: int, wrapper: list[str]) -> int:
-    """bwrap exits 128+N when its program was killed by signal N: read it as Popen
-    would (-N), so an OOM kill stays a SIGKILL. `_jail.py` dies by the signal itself.
-
-    Example:
-        >>> _sandboxed_returncode(137, ["bwrap"]), _sandboxed_returncode(137, []), _sandboxed_returncode(1, ["bwrap"])
-        (-9, 137, 1)
-    """
-    if wrapper and os.path.basename(wrapper[0]) == "bwrap" and 128 < code < 128 + 65:
-        return -(code - 128)
-    return code
 
 
 def _describe(status: int) -> str:

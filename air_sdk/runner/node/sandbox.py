@@ -56,6 +56,7 @@ __all__ = [
     "choose_sandbox",
     "gpu_devices",
     "is_sandbox_wrapper",
+    "sandboxed_returncode",
     "unshare_argv",
     "wrap",
 ]
@@ -238,6 +239,19 @@ def under_tmp(paths: list[str]) -> list[str]:
         if path.startswith("/tmp/") and os.path.isdir(path) and not inside:
             found.append(path)
     return found
+
+
+def sandboxed_returncode(code: int, wrapper: list[str]) -> int:
+    """bwrap exits 128+N when its program was killed by signal N: read it as Popen
+    would (-N), so an OOM kill stays a SIGKILL. `_jail.py` dies by the signal itself.
+
+    Example:
+        >>> sandboxed_returncode(137, ["bwrap"]), sandboxed_returncode(137, []), sandboxed_returncode(1, ["bwrap"])
+        (-9, 137, 1)
+    """
+    if wrapper and os.path.basename(wrapper[0]) == "bwrap" and 128 < code < 128 + 65:
+        return -(code - 128)
+    return code
 
 
 def is_sandbox_wrapper(argv: list[str]) -> bool:

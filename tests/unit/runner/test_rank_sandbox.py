@@ -11,7 +11,6 @@ import pytest
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.local import LocalBackend
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
-from air_sdk.runner.node.runner import _sandboxed_returncode
 from air_sdk.runner.node.sandbox import (
     Sandbox,
     SandboxSpec,
@@ -19,6 +18,7 @@ from air_sdk.runner.node.sandbox import (
     choose_sandbox,
     gpu_devices,
     is_sandbox_wrapper,
+    sandboxed_returncode,
     unshare_argv,
 )
 
@@ -116,11 +116,11 @@ def test_an_unknown_sandbox_is_refused_with_the_choices():
 
 
 def test_bwraps_128_plus_n_reads_as_signal_n_only_behind_bwrap():
-    assert _sandboxed_returncode(137, ["/usr/bin/bwrap", "--"]) == -9  # an OOM kill stays one
-    assert _sandboxed_returncode(143, ["/usr/bin/bwrap"]) == -15
-    assert _sandboxed_returncode(5, ["/usr/bin/bwrap"]) == 5
-    assert _sandboxed_returncode(137, []) == 137
-    assert _sandboxed_returncode(-15, ["python", "-S", "_jail.py"]) == -15
+    assert sandboxed_returncode(137, ["/usr/bin/bwrap", "--"]) == -9  # an OOM kill stays one
+    assert sandboxed_returncode(143, ["/usr/bin/bwrap"]) == -15
+    assert sandboxed_returncode(5, ["/usr/bin/bwrap"]) == 5
+    assert sandboxed_returncode(137, []) == 137
+    assert sandboxed_returncode(-15, ["python", "-S", "_jail.py"]) == -15
 
 
 def _launch(root: Path, checkpoint: str | None) -> NodeLaunch:

@@ -168,6 +168,7 @@ def test_a_signal_death_exits_128_plus_signal_with_the_last_lines(
         "signal": "SIGKILL",
         "oom_killed": False,
         "tail": expected_tail,
+        "limit": None,  # no limit of the job's (`JobSpec.limits`) was hit
     }
     assert gateway.reports[-1]["exit"] == on_disk
 
