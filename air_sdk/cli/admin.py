@@ -96,9 +96,10 @@ def tenant_list(
         return
     from rich.table import Table
 
-    table = Table("TENANT", "CREATED")
+    table = Table("TENANT", "CREATED", "CRASHES (1 H)", "RESTART CAP (1 H)")
     for t in tenants:
-        table.add_row(t.id, _when(t.created_at))
+        cap = "-" if t.max_restarts_per_hour is None else str(t.max_restarts_per_hour)
+        table.add_row(t.id, _when(t.created_at), str(t.crashes_last_hour), cap)
     console.print(table)
 
 

@@ -64,7 +64,15 @@ def list_tenants(ctx: CtxDep, principal: AdminDep) -> TenantList:
     tenants = ctx.store.list_tenants()
     if not principal.is_system_admin:
         tenants = [t for t in tenants if t.id == principal.tenant]
-    return TenantList(tenants=tenants)
+    crashes = [ctx.runner.tenant_crashes(t.id) for t in tenants]
+    return TenantList(
+        tenants=[
+            t.model_copy(
+                update={"crashes_last_hour": c.num_crashes, "max_restarts_per_hour": c.cap}
+            )
+            for t, c in zip(tenants, crashes, strict=True)
+        ]
+    )
 
 
 @router.post(

@@ -33,7 +33,7 @@ from air_sdk.scheduler import (
     SchedulerState,
     fits_ever,
 )
-from air_sdk.scheduler.tenancy import mask_foreign_jobs
+from air_sdk.scheduler.tenancy import RESTART_WINDOW_S, TenantCrashes, mask_foreign_jobs
 from air_sdk.schema import Alert, FailureInfo, GcReport, JobRecord, JobSpec, JobState, Placement
 from air_sdk.store import ACTIVE_STATES, SqliteStore
 
@@ -159,6 +159,15 @@ class Runner:
         return self.node_health.unhealthy(
             self.node_book.evidence(), time.time(), num_tenants=num_tenants
         )
+
+    def tenant_crashes(self, tenant: str) -> TenantCrashes:
+        """`tenant`'s charged failures over the last hour against its restart allowance
+        (`max_restarts_per_hour` in the cluster file): what its failing jobs' controllers
+        and `air admin tenant list` read."""
+        num, oldest = self.store.crashes_by_tenant(time.time() - RESTART_WINDOW_S).get(
+            tenant, (0, None)
+        )
+        return TenantCrashes(tenant, num, self.policy.restarts_per_hour_for(tenant), oldest)
 
     def clear_node(self, node: str) -> None:
         """An admin vouches for `node`: its failures are forgotten, jobs go there again."""
@@ -354,6 +363,7 @@ class Runner:
             unhealthy_nodes=self.unhealthy_nodes,
             node_book=self.node_book,
             max_preemption_grace_s=self.max_preemption_grace_s,
+            tenant_crashes=self.tenant_crashes,
             code_cache=self.code_cache.for_tenant(job.tenant),
         )
 

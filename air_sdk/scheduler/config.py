@@ -117,6 +117,12 @@ class TenantEntry(_Model):
     max_queued: int | None = Field(
         None, ge=1, description="Queued jobs it may have at once (default: '*''s, else 1000)."
     )
+    max_restarts_per_hour: int | None = Field(
+        None,
+        ge=0,
+        description="Charged failures (crashes, hangs) of its jobs in the last hour after"
+        " which its failing jobs fail instead of restarting (default: '*''s, else no cap).",
+    )
 
 
 class SchedulerEntry(_Model):
@@ -244,4 +250,10 @@ def _policy(cfg: ClusterFile) -> SchedulerPolicy:
         default_max_priority=(star.max_priority if star and star.max_priority else "normal"),
         max_queued={n: t.max_queued for n, t in named.items() if t.max_queued},
         default_max_queued=(star.max_queued if star and star.max_queued else DEFAULT_MAX_QUEUED),
+        max_restarts_per_hour={
+            n: t.max_restarts_per_hour
+            for n, t in named.items()
+            if t.max_restarts_per_hour is not None
+        },
+        default_max_restarts_per_hour=star.max_restarts_per_hour if star else None,
     )

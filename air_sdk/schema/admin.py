@@ -55,6 +55,10 @@ class TenantCreate(_Wire):
 class TenantInfo(_Wire):
     id: str
     created_at: float
+    #: charged failures (crashes, hangs) of its jobs over the last hour
+    crashes_last_hour: int = 0
+    #: its restart allowance (`max_restarts_per_hour` in the cluster file); None: no cap
+    max_restarts_per_hour: int | None = None
 
 
 class TenantList(_Wire):
