@@ -288,8 +288,16 @@ class GatewayOptions(BaseSettings):
         Field(
             (),
             description="Directory under which sandboxed jobs may name their own output_dir or"
-            " checkpoint.dir (repeat; default: none, they stay under the job's directory in the"
-            " home). Never the home or an ancestor of it (docs/security.md).",
+            " checkpoint.dir, each tenant's under DIR/<tenant>/ (repeat; default: none, they stay"
+            " under the job's directory in the home). Never the home or an ancestor of it"
+            " (docs/security.md).",
+        )
+    )
+    shared_data_roots: Annotated[tuple[Path, ...], Flag("--shared-data-root", metavar="DIR")] = (
+        Field(
+            (),
+            description="Like --allowed-data-root, but every tenant's jobs may name any directory"
+            " in it, other tenants' included (repeat; for a machine whose tenants share data).",
         )
     )
     max_preemption_grace_s: Annotated[float, Flag(metavar="SECONDS")] = Field(

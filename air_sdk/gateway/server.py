@@ -236,6 +236,8 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
             hidden_files=[opts.tls_key] if opts.tls_key else None,
             shared_dirs=list(opts.sandbox_binds),
             allowed_data_roots=list(opts.allowed_data_roots),
+            shared_data_roots=list(opts.shared_data_roots),
+            tenant_data_roots=cluster.data_roots if cluster is not None else None,
         )
     if opts.backend == "ray":
         if pools:

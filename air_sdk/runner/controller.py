@@ -290,6 +290,7 @@ class JobController:
             attempt_dir=self.paths.attempt(self.attempt),
             entrypoint=entrypoint,
             worker=worker,
+            tenant=self.tenant,
         )
         self.attempt_started = time.monotonic()
         self._move(

@@ -53,7 +53,7 @@ def refusal(ctx: GatewayContext, tenant: str, spec: JobSpec) -> str | None:
     too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])
     if too_big is not None:
         return too_big
-    return job_paths.submit_refusal(spec, ctx.runner.backend)
+    return job_paths.submit_refusal(spec, ctx.runner.backend, tenant)
 
 
 def submit_job(
