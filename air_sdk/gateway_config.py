@@ -307,6 +307,16 @@ class GatewayOptions(BaseSettings):
         " preempted): a submit above it is refused. `air cancel` of a job in its grace"
         " kills it 10 s after the cancel whatever its grace.",
     )
+    node_probe: Annotated[str | None, Flag(metavar="CMD")] = Field(
+        None,
+        description="Node health probe run on every node periodically and on a node a job"
+        " just failed on: 'builtin' (a Python process starts; with GPUs, NVML answers) or a"
+        " command line (exit 0: healthy; gets AIR_NODE_NAME, CUDA_VISIBLE_DEVICES). A failure"
+        " keeps the node out of placements until the probe passes. Local backend only.",
+    )
+    node_probe_interval_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
+        60.0, gt=0, description="How often --node-probe runs on every node."
+    )
     allow_unsandboxed_tenants: bool = Field(
         False,
         description="Serve more than one tenant on the local backend although its ranks run"

@@ -191,10 +191,16 @@ def node_list(
         return
     from rich.table import Table
 
-    table = Table("NODE", "HEALTHY", "FAILURES", "LAST FAILURE")
+    table = Table("NODE", "HEALTHY", "FAILURES", "LAST FAILURE", "PROBE", "PROBED")
     for n in nodes:
+        probe = "-" if n.probe is None else ("ok" if n.probe.ok else f"failed: {n.probe.detail}")
         table.add_row(
-            n.name, "yes" if n.healthy else "no", str(n.num_failures), _when(n.last_failure_at)
+            n.name,
+            "yes" if n.healthy else "no",
+            str(n.num_failures),
+            _when(n.last_failure_at),
+            probe,
+            _when(n.probe.at if n.probe else None),
         )
     console.print(table)
 

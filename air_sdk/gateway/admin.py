@@ -143,6 +143,7 @@ def revoke_token(token_id: str, ctx: CtxDep, principal: AdminDep) -> TokenInfo:
 def _node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
     failures = ctx.store.node_failures()
     unhealthy = ctx.runner.unhealthy_nodes()
+    probes = ctx.runner.prober.results() if ctx.runner.prober is not None else {}
     names = [n.name for n in ctx.runner.backend.inventory()]
     names += sorted(set(failures) - set(names))
     return {
@@ -151,6 +152,7 @@ def _node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
             num_failures=failures.get(name, (0, 0.0))[0],
             last_failure_at=failures[name][1] if name in failures else None,
             healthy=name not in unhealthy,
+            probe=probes.get(name),
         )
         for name in names
     }

@@ -81,6 +81,30 @@ def preflight(opts: GatewayOptions) -> None:
         opts.host, tls_cert=opts.tls_cert, tls_key=opts.tls_key, insecure_bind=opts.insecure_bind
     )
     load_cluster(opts.cluster_file)
+    node_probe_argv(opts)
+
+
+def node_probe_argv(opts: GatewayOptions) -> list[str] | None:
+    """The node probe's argv from `--node-probe`, or None; refused, saying why, where it
+    cannot run.
+
+    Example:
+        >>> node_probe_argv(GatewayOptions(node_probe="/bin/check --fast"))
+        ['/bin/check', '--fast']
+    """
+    if opts.node_probe is None:
+        return None
+    if opts.backend != "local":
+        raise ConfigError(
+            "--node-probe runs on the local backend's nodes only: drop it with --backend"
+            f" {opts.backend} (Ray marks nodes that leave the cluster itself)"
+        )
+    from air_sdk.runner.node_probe import probe_argv
+
+    try:
+        return probe_argv(opts.node_probe)
+    except ValueError as exc:  # an empty command, or unbalanced quotes
+        raise ConfigError(f"--node-probe {opts.node_probe!r}: {exc}") from exc
 
 
 def _ensure_token(store: SqliteStore, home: Path) -> str:
@@ -117,6 +141,7 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     token = _ensure_token(store, opts.home)
     cluster = load_cluster(opts.cluster_file)
     backend = make_backend(opts, cluster)
+    probe = node_probe_argv(opts)
     runner = Runner(
         store,
         backend,
@@ -125,6 +150,8 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         policy=cluster.policy if cluster is not None else None,
         retention=retention_policy(opts),
         max_preemption_grace_s=opts.max_preemption_grace_s,
+        node_probe=probe,
+        node_probe_interval_s=opts.node_probe_interval_s,
     )
     refusal = tenant_refusal(opts, backend)
     if refusal is not None and len(store.list_tenants()) > 1:

@@ -89,6 +89,7 @@ class JobController:
         code_cache: BundleCache | None = None,
         max_preemption_grace_s: float = DEFAULT_MAX_PREEMPTION_GRACE_S,
         tenant_crashes: Callable[[str], TenantCrashes] | None = None,
+        probe_node: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -123,6 +124,8 @@ class JobController:
         self._node_book = node_book or NodeHealthBook()
         #: the tenant's charged failures over the last hour against its restart allowance
         self._tenant_crashes = tenant_crashes or (lambda t: TenantCrashes(t, 0, None))
+        #: runs the operator's node health probe on a node a failure names
+        self._probe_node = probe_node or (lambda node: None)
         self._prepare_code = prepare_code
         #: bundles unpacked once per sha256; the job's code dir links their files
         self._code_cache = code_cache
@@ -469,6 +472,8 @@ class JobController:
         if evidence is not None:  # the store keeps the count; the book, whose jobs they were
             self.store.record_node_failure(evidence.node)
             self._node_book.add(evidence)
+        if failure.node is not None:  # before the restart picks its nodes
+            self._probe_node(failure.node)
         decision = self.policy.make_decision(failure, num_restarts=self.charged_restarts)
         if decision.action is FailureAction.RESTART and decision.charged:
             # The tenant pays for its crash loops: past its allowance, no more restarts.

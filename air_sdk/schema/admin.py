@@ -114,6 +114,17 @@ class TokenList(_Wire):
     tokens: list[TokenInfo]
 
 
+class NodeProbe(_Wire):
+    """The last run of the operator's node health probe (`air gateway start
+    --node-probe`) on one node: a failure keeps the node out of placements."""
+
+    ok: bool
+    #: when it ended (unix time)
+    at: float
+    #: why it failed: its exit status and last output lines, or its timeout
+    detail: str = ""
+
+
 class NodeHealth(_Wire):
     """A node's failure record: `healthy` is False while the runner keeps it out of
     placements; clearing the record puts it back at once."""
@@ -122,6 +133,8 @@ class NodeHealth(_Wire):
     num_failures: int = 0
     last_failure_at: float | None = None
     healthy: bool = True
+    #: the last probe's result; None without a probe (or before its first run)
+    probe: NodeProbe | None = None
 
 
 class NodeHealthList(_Wire):
