@@ -288,8 +288,16 @@ class GatewayOptions(BaseSettings):
         Field(
             (),
             description="Directory under which sandboxed jobs may name their own output_dir or"
-            " checkpoint.dir (repeat; default: none, they stay under the job's directory in the"
-            " home). Never the home or an ancestor of it (docs/security.md).",
+            " checkpoint.dir, each tenant's under DIR/<tenant>/ (repeat; default: none, they stay"
+            " under the job's directory in the home). Never the home or an ancestor of it"
+            " (docs/security.md).",
+        )
+    )
+    shared_data_roots: Annotated[tuple[Path, ...], Flag("--shared-data-root", metavar="DIR")] = (
+        Field(
+            (),
+            description="Like --allowed-data-root, but every tenant's jobs may name any directory"
+            " in it, other tenants' included (repeat; for a machine whose tenants share data).",
         )
     )
     export_uris: Annotated[tuple[str, ...], Flag("--export-uri", metavar="PREFIX")] = Field(
@@ -320,6 +328,16 @@ class GatewayOptions(BaseSettings):
         None,
         description="Cap on a job's --disk-limit (bytes under its writable directories), as"
         " for --max-job-memory.",
+    )
+    node_probe: Annotated[str | None, Flag(metavar="CMD")] = Field(
+        None,
+        description="Node health probe run on every node periodically and on a node a job"
+        " just failed on: 'builtin' (a Python process starts; with GPUs, NVML answers) or a"
+        " command line (exit 0: healthy; gets AIR_NODE_NAME, CUDA_VISIBLE_DEVICES). A failure"
+        " keeps the node out of placements until the probe passes. Local backend only.",
+    )
+    node_probe_interval_s: Annotated[float, Flag(metavar="SECONDS")] = Field(
+        60.0, gt=0, description="How often --node-probe runs on every node."
     )
     allow_unsandboxed_tenants: bool = Field(
         False,

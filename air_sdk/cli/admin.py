@@ -97,9 +97,10 @@ def tenant_list(
         return
     from rich.table import Table
 
-    table = Table("TENANT", "CREATED")
+    table = Table("TENANT", "CREATED", "CRASHES (1 H)", "RESTART CAP (1 H)")
     for t in tenants:
-        table.add_row(t.id, _when(t.created_at))
+        cap = "-" if t.max_restarts_per_hour is None else str(t.max_restarts_per_hour)
+        table.add_row(t.id, _when(t.created_at), str(t.crashes_last_hour), cap)
     console.print(table)
 
 
@@ -196,10 +197,16 @@ def node_list(
         return
     from rich.table import Table
 
-    table = Table("NODE", "HEALTHY", "FAILURES", "LAST FAILURE")
+    table = Table("NODE", "HEALTHY", "FAILURES", "LAST FAILURE", "PROBE", "PROBED")
     for n in nodes:
+        probe = "-" if n.probe is None else ("ok" if n.probe.ok else f"failed: {n.probe.detail}")
         table.add_row(
-            n.name, "yes" if n.healthy else "no", str(n.num_failures), _when(n.last_failure_at)
+            n.name,
+            "yes" if n.healthy else "no",
+            str(n.num_failures),
+            _when(n.last_failure_at),
+            probe,
+            _when(n.probe.at if n.probe else None),
         )
     console.print(table)
 

@@ -66,7 +66,15 @@ def list_tenants(ctx: CtxDep, principal: AdminDep) -> TenantList:
     tenants = ctx.store.list_tenants()
     if not principal.is_system_admin:
         tenants = [t for t in tenants if t.id == principal.tenant]
-    return TenantList(tenants=tenants)
+    crashes = [ctx.runner.tenant_crashes(t.id) for t in tenants]
+    return TenantList(
+        tenants=[
+            t.model_copy(
+                update={"crashes_last_hour": c.num_crashes, "max_restarts_per_hour": c.cap}
+            )
+            for t, c in zip(tenants, crashes, strict=True)
+        ]
+    )
 
 
 @router.post(
@@ -145,6 +153,7 @@ def node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
     """Every node's failure record and health (also what /metrics shows)."""
     failures = ctx.store.node_failures()
     unhealthy = ctx.runner.unhealthy_nodes()
+    probes = ctx.runner.prober.results() if ctx.runner.prober is not None else {}
     names = [n.name for n in ctx.runner.backend.inventory()]
     names += sorted(set(failures) - set(names))
     return {
@@ -153,6 +162,7 @@ def node_health(ctx: GatewayContext) -> dict[str, NodeHealth]:
             num_failures=failures.get(name, (0, 0.0))[0],
             last_failure_at=failures[name][1] if name in failures else None,
             healthy=name not in unhealthy,
+            probe=probes.get(name),
         )
         for name in names
     }

@@ -84,6 +84,30 @@ def preflight(opts: GatewayOptions) -> None:
     )
     load_cluster(opts.cluster_file)
     limit_caps(opts)
+    node_probe_argv(opts)
+
+
+def node_probe_argv(opts: GatewayOptions) -> list[str] | None:
+    """The node probe's argv from `--node-probe`, or None; refused, saying why, where it
+    cannot run.
+
+    Example:
+        >>> node_probe_argv(GatewayOptions(node_probe="/bin/check --fast"))
+        ['/bin/check', '--fast']
+    """
+    if opts.node_probe is None:
+        return None
+    if opts.backend != "local":
+        raise ConfigError(
+            "--node-probe runs on the local backend's nodes only: drop it with --backend"
+            f" {opts.backend} (Ray marks nodes that leave the cluster itself)"
+        )
+    from air_sdk.runner.node_probe import probe_argv
+
+    try:
+        return probe_argv(opts.node_probe)
+    except ValueError as exc:  # an empty command, or unbalanced quotes
+        raise ConfigError(f"--node-probe {opts.node_probe!r}: {exc}") from exc
 
 
 def _ensure_token(store: SqliteStore, home: Path) -> str:
@@ -120,6 +144,7 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
     token = _ensure_token(store, opts.home)
     cluster = load_cluster(opts.cluster_file)
     backend = make_backend(opts, cluster)
+    probe = node_probe_argv(opts)
     runner = Runner(
         store,
         backend,
@@ -129,6 +154,8 @@ def build(opts: GatewayOptions) -> tuple[FastAPI, str]:
         retention=retention_policy(opts),
         max_preemption_grace_s=opts.max_preemption_grace_s,
         limit_caps=limit_caps(opts),
+        node_probe=probe,
+        node_probe_interval_s=opts.node_probe_interval_s,
     )
     refusal = tenant_refusal(opts, backend)
     if refusal is not None and len(store.list_tenants()) > 1:
@@ -274,6 +301,8 @@ def make_backend(opts: GatewayOptions, cluster: ClusterConfig | None = None) -> 
             hidden_files=[opts.tls_key] if opts.tls_key else None,
             shared_dirs=list(opts.sandbox_binds),
             allowed_data_roots=list(opts.allowed_data_roots),
+            shared_data_roots=list(opts.shared_data_roots),
+            tenant_data_roots=cluster.data_roots if cluster is not None else None,
         )
     if opts.backend == "ray":
         if pools:

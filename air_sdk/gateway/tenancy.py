@@ -49,6 +49,7 @@ def cluster_view(ctx: GatewayContext, principal: Principal) -> Inventory:
     """The nodes with their use and health; job ids only of the caller's tenant (every
     job's for a system admin)."""
     held = ctx.runner.held_jobs()
+    probes = ctx.runner.prober.results() if ctx.runner.prober is not None else {}
     nodes = []
     for n in ctx.runner.inventory():  # health marks included: what the scheduler uses
         here = [(p.job_id, t, a) for p, t in held for a in p.nodes if a.node == n.name]
@@ -63,6 +64,7 @@ def cluster_view(ctx: GatewayContext, principal: Principal) -> Inventory:
                 used_gpus=sorted(g for _, _, a in here for g in a.gpus),
                 healthy=n.healthy,
                 jobs=sorted(shown),
+                probe=probes.get(n.name),
             )
         )
     return Inventory(nodes=nodes)

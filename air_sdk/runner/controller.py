@@ -8,6 +8,7 @@ Decisions come from policy objects (`RestartPolicy`, `HangPolicy`,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -17,12 +18,14 @@ from typing import TYPE_CHECKING
 from air_sdk.errors import ConfigError
 from air_sdk.runner.backends.base import AttemptHandle, Backend, LaunchRequest, NodeStatus
 from air_sdk.runner.data_waits import hang_notes, straggler_note
+from air_sdk.runner.failure_saves import wait_for_failure_saves
 from air_sdk.runner.flight_recorder import hang_report
 from air_sdk.runner.job_files import JobPaths, entrypoint_of, prepare_code
 from air_sdk.runner.node.plan import attempt_worker
 from air_sdk.runner.node_health import NodeHealthBook
 from air_sdk.runner.policy import (
     FailureAction,
+    FailureDecision,
     HangPolicy,
     RankProgress,
     RestartPolicy,
@@ -31,6 +34,7 @@ from air_sdk.runner.policy import (
     node_evidence,
 )
 from air_sdk.runner.stopping import stop_unless_cancelled
+from air_sdk.scheduler.tenancy import TenantCrashes
 from air_sdk.schema import (
     EventType,
     FailureInfo,
@@ -58,18 +62,6 @@ EXIT_AFTER_FINISH_S = 120.0
 FAILURE_TEARDOWN_GRACE_S = 0.5
 #: how often the (cheap) progress checks run
 PROGRESS_CHECK_S = 0.5
-#: how long a failed attempt's teardown waits for surviving ranks that are writing a
-#: checkpoint at the failure (`air_sdk.runtime._failure_save`)
-FAILURE_SAVE_WAIT_S = 30.0
-#: ... and, where ranks can write one, how long it waits for the rest to notice the
-#: failure (their next collective fails) before it stops them
-FAILURE_SAVE_NOTICE_S = 2.0
-
-
-def _marked(names: set[str], prefix: str) -> set[int]:
-    """The ranks R with a file `<prefix>R` among `names`."""
-    n = len(prefix)
-    return {int(m[n:]) for m in names if m.startswith(prefix) and m[n:].isdigit()}
 
 
 class JobController:
@@ -97,6 +89,8 @@ class JobController:
         restart_policy: RestartPolicy | None = None,
         code_cache: BundleCache | None = None,
         max_preemption_grace_s: float = DEFAULT_MAX_PREEMPTION_GRACE_S,
+        tenant_crashes: Callable[[str], TenantCrashes] | None = None,
+        probe_node: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -129,6 +123,10 @@ class JobController:
         self._unhealthy_nodes = unhealthy_nodes or (lambda: set())
         #: where failures that may be a node's fault are kept (the runner's, shared)
         self._node_book = node_book or NodeHealthBook()
+        #: the tenant's charged failures over the last hour against its restart allowance
+        self._tenant_crashes = tenant_crashes or (lambda t: TenantCrashes(t, 0, None))
+        #: runs the operator's node health probe on a node a failure names
+        self._probe_node = probe_node or (lambda node: None)
         self._prepare_code = prepare_code
         #: bundles unpacked once per sha256; the job's code dir links their files
         self._code_cache = code_cache
@@ -296,6 +294,7 @@ class JobController:
             attempt_dir=self.paths.attempt(self.attempt),
             entrypoint=entrypoint,
             worker=worker,
+            tenant=self.tenant,
         )
         self.attempt_started = time.monotonic()
         self._move(
@@ -451,7 +450,11 @@ class JobController:
         # Survivors writing a checkpoint at the failure get to finish it; the attempt is
         # lost already otherwise: no grace for a SIGTERM save (a collective that can no
         # longer complete), stop the rest at once.
-        self._wait_for_failure_saves()
+        assert handle is not None
+        world = self.spec.resources.world_size
+        wait_for_failure_saves(
+            self.backend, handle, world, lambda: set(self._rank_exits()), self.job_id
+        )
         self._teardown(grace_s=FAILURE_TEARDOWN_GRACE_S)
         after = self._rank_exits()
         # A machine that left the cluster may be named only by the teardown (its peers'
@@ -467,38 +470,23 @@ class JobController:
         )
         self._fail_or_restart(failure)
 
-    def _wait_for_failure_saves(self) -> None:
-        """Let surviving ranks write their checkpoint at the failure before the teardown.
-
-        Ranks that can write one leave `failure-saves/armed-rank-R`: then every rank
-        still running gets FAILURE_SAVE_NOTICE_S to notice the failure (its next
-        collective fails) and exit, start saving (`failure-saves/rank-R`) or say it is
-        past that (`failure-saves/done-rank-R`); saves get FAILURE_SAVE_WAIT_S in all.
-        Without an armed rank nothing waits."""
-        handle = self.handle
-        if not _marked(self.backend.failure_marks(handle), "armed-rank-"):
-            return
-        start = time.monotonic()
-        world = self.spec.resources.world_size
-        while time.monotonic() - start < FAILURE_SAVE_WAIT_S:
-            marks = self.backend.failure_marks(handle)
-            decided = set(self._rank_exits()) | _marked(marks, "done-rank-")
-            saving = _marked(marks, "rank-") - decided
-            undecided = world - len(decided) - len(saving)
-            if not saving and (undecided <= 0 or time.monotonic() - start >= FAILURE_SAVE_NOTICE_S):
-                return
-            time.sleep(0.02)
-        log.warning(
-            "job %s: a checkpoint at the failure took over %.0f s", self.job_id, FAILURE_SAVE_WAIT_S
-        )
-
     def _fail_or_restart(self, failure: FailureInfo) -> None:
         self._end_attempt(failure.reason, failure)
         evidence = node_evidence(failure, tenant=self.tenant, job_id=self.job_id, now=time.time())
         if evidence is not None:  # the store keeps the count; the book, whose jobs they were
             self.store.record_node_failure(evidence.node)
             self._node_book.add(evidence)
+        if failure.node is not None:  # before the restart picks its nodes
+            self._probe_node(failure.node)
         decision = self.policy.make_decision(failure, num_restarts=self.charged_restarts)
+        if decision.action is FailureAction.RESTART and decision.charged:
+            # The tenant pays for its crash loops: past its allowance, no more restarts.
+            crashes = self._tenant_crashes(self.tenant)
+            refusal, note = crashes.refusal(), crashes.note()
+            if refusal is not None:
+                decision = FailureDecision(FailureAction.FAIL, f"{failure.reason}; {refusal}")
+            elif note is not None:
+                decision = dataclasses.replace(decision, reason=f"{decision.reason} ({note})")
         if decision.action is not FailureAction.RESTART:
             self._move(JobState.FAILED, decision.reason, failure)
             return

@@ -50,6 +50,14 @@ class NodeHealthBook:
         with self._lock:
             self._evidence = [e for e in self._evidence if e.node != node or e.kind != "crash"]
 
+    def probe_passed(self, node: str) -> None:
+        """The operator's probe found `node` fine: its crashes and earlier probe failures
+        are forgotten (device errors stay until they age out or an admin clears it)."""
+        with self._lock:
+            self._evidence = [
+                e for e in self._evidence if e.node != node or e.kind not in ("crash", "probe")
+            ]
+
     def clear(self, node: str) -> None:
         """An admin vouches for `node`: forget everything against it."""
         with self._lock:

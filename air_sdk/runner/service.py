@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from air_sdk.runner.backends.base import Backend
@@ -22,6 +22,7 @@ from air_sdk.runner.controller import DEFAULT_MAX_PREEMPTION_GRACE_S, JobControl
 from air_sdk.runner.job_files import JobPaths
 from air_sdk.runner.machine import MachineCap, oversubscribed_by
 from air_sdk.runner.node_health import NodeHealthBook
+from air_sdk.runner.node_probe import NodeProber
 from air_sdk.runner.outputs import default_output_dir
 from air_sdk.runner.policy import NodeHealthPolicy
 from air_sdk.runner.retention import RetentionPolicy, collect_garbage
@@ -34,7 +35,7 @@ from air_sdk.scheduler import (
     SchedulerState,
     fits_ever,
 )
-from air_sdk.scheduler.tenancy import mask_foreign_jobs
+from air_sdk.scheduler.tenancy import RESTART_WINDOW_S, TenantCrashes, mask_foreign_jobs
 from air_sdk.schema import (
     Alert,
     FailureInfo,
@@ -102,6 +103,8 @@ class Runner:
         retention: RetentionPolicy | None = None,
         max_preemption_grace_s: float = DEFAULT_MAX_PREEMPTION_GRACE_S,
         limit_caps: JobLimits | None = None,
+        node_probe: Sequence[str] | None = None,
+        node_probe_interval_s: float = 60.0,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -118,6 +121,15 @@ class Runner:
         self.tick_s = tick_s
         self.node_health = node_health or NodeHealthPolicy()
         self.node_book = NodeHealthBook()
+        #: the operator's node health probe (`--node-probe`), run on every node
+        self.prober = (
+            NodeProber(
+                node_probe, node_probe_interval_s, backend.inventory, self.node_book,
+                on_change=self.wake,
+            )
+            if node_probe
+            else None
+        )  # fmt: skip
         self.policy = policy or SchedulerPolicy()
         #: the operator's cap on a job's `failure.preemption_grace_s` (submits above it
         #: are refused; a job stored before the cap was lowered gets the cap)
@@ -150,6 +162,8 @@ class Runner:
     def start(self) -> None:
         self._stop.clear()
         self._recover()
+        if self.prober is not None:
+            self.prober.start()
         self._thread = threading.Thread(target=self._loop, name="air-runner", daemon=True)
         self._thread.start()
 
@@ -164,6 +178,8 @@ class Runner:
             threads = list(self._threads.values())
         for t in threads:
             t.join(timeout_s)
+        if self.prober is not None:
+            self.prober.stop(timeout_s)
         getattr(self.backend, "close", lambda: None)()  # jobs keep running
 
     def wake(self) -> None:
@@ -175,14 +191,31 @@ class Runner:
         placements (`NodeHealthPolicy`); the one source of health for the scheduler,
         /v1/cluster and `air admin node list`."""
         num_tenants = len(self.store.list_tenants())
-        return self.node_health.unhealthy(
+        bad = self.node_health.unhealthy(
             self.node_book.evidence(), time.time(), num_tenants=num_tenants
         )
+        return bad | (self.prober.failing() if self.prober is not None else set())
+
+    def probe_node(self, node: str) -> None:
+        """A job just failed on `node`: run the operator's probe there now (if any)."""
+        if self.prober is not None:
+            self.prober.probe_now(node)
+
+    def tenant_crashes(self, tenant: str) -> TenantCrashes:
+        """`tenant`'s charged failures over the last hour against its restart allowance
+        (`max_restarts_per_hour` in the cluster file): what its failing jobs' controllers
+        and `air admin tenant list` read."""
+        num, oldest = self.store.crashes_by_tenant(time.time() - RESTART_WINDOW_S).get(
+            tenant, (0, None)
+        )
+        return TenantCrashes(tenant, num, self.policy.restarts_per_hour_for(tenant), oldest)
 
     def clear_node(self, node: str) -> None:
         """An admin vouches for `node`: its failures are forgotten, jobs go there again."""
         self.store.clear_node_failures(node)
         self.node_book.clear(node)
+        if self.prober is not None:
+            self.prober.forget(node)
         self.wake()
 
     def inventory(self) -> list[NodeSpec]:
@@ -383,6 +416,8 @@ class Runner:
             unhealthy_nodes=self.unhealthy_nodes,
             node_book=self.node_book,
             max_preemption_grace_s=self.max_preemption_grace_s,
+            tenant_crashes=self.tenant_crashes,
+            probe_node=self.probe_node,
             code_cache=self.code_cache.for_tenant(job.tenant),
         )
 

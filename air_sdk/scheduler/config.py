@@ -24,7 +24,8 @@ policy (quotas, weights, switches). The format is documented in docs/scheduling.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -190,6 +191,27 @@ class TenantEntry(_Model):
             raise ValueError(f"SLO name {twice[0]!r} is used twice: give each a distinct name")
         return v
 
+    max_restarts_per_hour: int | None = Field(
+        None,
+        ge=0,
+        description="Charged failures (crashes, hangs) of its jobs in the last hour after"
+        " which its failing jobs fail instead of restarting (default: '*''s, else no cap).",
+    )
+    data_roots: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Absolute directories only this tenant's jobs may name as output_dir or"
+        " checkpoint.dir (local backend, sandboxed ranks).",
+    )
+
+    @field_validator("data_roots")
+    @classmethod
+    def _roots_ok(cls, v: list[str]) -> list[str]:
+        for root in v:
+            if not root.startswith("/") or any(ord(c) < 32 for c in root):
+                raise ValueError(f"data root {shown(root)} must be an absolute directory path")
+        return v
+
 
 class SchedulerEntry(_Model):
     fair_share: Literal["drf", "fifo"] = "drf"
@@ -233,6 +255,8 @@ class ClusterConfig:
 
     inventory: list[NodeSpec]
     policy: SchedulerPolicy
+    #: tenant -> directories only its jobs may name (`data_roots`; `runner.job_paths`)
+    data_roots: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def parse_cluster_config(text: str, *, source: str = "<string>") -> ClusterConfig:
@@ -248,7 +272,15 @@ def parse_cluster_config(text: str, *, source: str = "<string>") -> ClusterConfi
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
         raise ValueError(f"{source}: {problems}") from exc
-    return ClusterConfig(inventory=_inventory(cfg, source), policy=_policy(cfg))
+    star = cfg.tenants.get("*")
+    if star is not None and star.data_roots:
+        raise ValueError(
+            f"{source}: tenants.*.data_roots: data roots belong to one tenant; give them under"
+            " [tenants.NAME], or let every tenant use a directory with air gateway start"
+            " --allowed-data-root DIR (each tenant under DIR/<tenant>/) or --shared-data-root DIR"
+        )
+    roots = {n: tuple(t.data_roots) for n, t in cfg.tenants.items() if t.data_roots}
+    return ClusterConfig(inventory=_inventory(cfg, source), policy=_policy(cfg), data_roots=roots)
 
 
 def load_cluster_config(path: str | Path) -> ClusterConfig:
@@ -318,4 +350,10 @@ def _policy(cfg: ClusterFile) -> SchedulerPolicy:
         default_max_queued=(star.max_queued if star and star.max_queued else DEFAULT_MAX_QUEUED),
         slos={n: tuple(e.spec() for e in t.slos) for n, t in named.items() if t.slos is not None},
         default_slos=tuple(e.spec() for e in star.slos or ()) if star else (),
+        max_restarts_per_hour={
+            n: t.max_restarts_per_hour
+            for n, t in named.items()
+            if t.max_restarts_per_hour is not None
+        },
+        default_max_restarts_per_hour=star.max_restarts_per_hour if star else None,
     )

@@ -82,6 +82,11 @@ class SchedulerPolicy:
     slos: Mapping[str, tuple[SloSpec, ...]] = field(default_factory=dict)
     #: ... for tenants without an entry there
     default_slos: tuple[SloSpec, ...] = ()
+    #: per-tenant cap on charged failures (crashes, hangs) of its jobs over the last
+    #: hour; past it the tenant's failing jobs fail instead of restarting
+    max_restarts_per_hour: Mapping[str, int] = field(default_factory=dict)
+    #: ... for tenants without an entry there (None: no cap)
+    default_max_restarts_per_hour: int | None = None
 
     def __post_init__(self) -> None:
         if self.fair_share not in ("drf", "fifo"):
@@ -103,6 +108,14 @@ class SchedulerPolicy:
         for tenant, n in {**self.max_queued, "*": self.default_max_queued}.items():
             if n < 1:
                 raise ValueError(f"max_queued of tenant {tenant!r} is {n}: give 1 or more")
+        for tenant, r in {
+            **self.max_restarts_per_hour,
+            "*": self.default_max_restarts_per_hour,
+        }.items():
+            if r is not None and r < 0:
+                raise ValueError(
+                    f"max_restarts_per_hour of tenant {tenant!r} is {r}: give 0 or more"
+                )
         for tenant, w in self.weights.items():
             if not w > 0:
                 raise ValueError(f"weight of tenant {tenant!r} is {w}: weights must be > 0")
@@ -126,3 +139,7 @@ class SchedulerPolicy:
     def tenants_with_slos(self, tenants: Iterable[str]) -> list[str]:
         """Those of `tenants` with at least one SLO, in order."""
         return [t for t in tenants if self.slos_of(t)]
+
+    def restarts_per_hour_for(self, tenant: str) -> int | None:
+        """The tenant's restart allowance per hour, None for no cap."""
+        return self.max_restarts_per_hour.get(tenant, self.default_max_restarts_per_hour)

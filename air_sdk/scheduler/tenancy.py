@@ -6,6 +6,10 @@ Pure rules, used by the gateway at submit and by the runner when it words reason
   a tenant without one get `normal`): above it a submit is refused, so no member can
   preempt another tenant's work by asking for `high`;
 - a tenant's cap on queued jobs (`max_queued`, default 1000);
+- a tenant's restart allowance (`max_restarts_per_hour`, default none): its jobs'
+  charged failures over the last hour (`TenantCrashes`); past it a failing job fails
+  with the cap in its reason instead of restarting, so one tenant's crash loops cost
+  that tenant, never the nodes of the others;
 - another tenant's job is never named: in a queue reason or a preemption event it is
   "another tenant's job" (job ids carry job names).
 
@@ -20,15 +24,68 @@ Example:
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from air_sdk.scheduler.gang import PRIORITIES, PRIORITY_RANK
 from air_sdk.scheduler.policy import SchedulerPolicy
 
-__all__ = ["FOREIGN_JOB", "mask_foreign_jobs", "priority_refusal", "queue_refusal"]
+__all__ = [
+    "FOREIGN_JOB",
+    "RESTART_WINDOW_S",
+    "TenantCrashes",
+    "mask_foreign_jobs",
+    "priority_refusal",
+    "queue_refusal",
+]
 
 #: how another tenant's job is shown
 FOREIGN_JOB = "another tenant's job"
+#: the window a tenant's restart allowance counts over
+RESTART_WINDOW_S = 3600.0
+
+
+@dataclass(frozen=True)
+class TenantCrashes:
+    """A tenant's charged failures over the last `RESTART_WINDOW_S` against its cap.
+
+    Example:
+        >>> c = TenantCrashes("acme", num_crashes=3, cap=2, oldest_ts=0.0)
+        >>> print(c.refusal())  # doctest: +ELLIPSIS
+        tenant 'acme''s jobs failed 3 times in the last hour, over its cap of 2...
+        >>> TenantCrashes("acme", num_crashes=2, cap=2, oldest_ts=0.0).note()
+        "tenant 'acme': 2 of 2 restarts in the last hour"
+    """
+
+    tenant: str
+    #: charged failures of the tenant's jobs in the window (the one just now included)
+    num_crashes: int
+    #: `max_restarts_per_hour` for the tenant; None: no cap
+    cap: int | None
+    #: when the oldest of them ended (it leaves the window an hour later)
+    oldest_ts: float | None = None
+
+    def refusal(self) -> str | None:
+        """Why the failure just counted may not restart its job, or None."""
+        if self.cap is None or self.num_crashes <= self.cap:
+            return None
+        oldest = self.oldest_ts if self.oldest_ts is not None else time.time()
+        until = oldest + RESTART_WINDOW_S
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+        return (
+            f"tenant {self.tenant!r}'s jobs failed {self.num_crashes} times in the last hour,"
+            f" over its cap of {self.cap} restarts an hour, so this job is not restarted"
+            f" (the oldest of those failures leaves the window at {when}): fix the crash"
+            " and submit again, or ask the operator to raise `max_restarts_per_hour` under"
+            f" [tenants.{self.tenant}] in the cluster file"
+        )
+
+    def note(self) -> str | None:
+        """What a restart's reason adds, with a cap: how much of it is used."""
+        if self.cap is None:
+            return None
+        return f"tenant {self.tenant!r}: {self.num_crashes} of {self.cap} restarts in the last hour"
 
 
 def priority_refusal(policy: SchedulerPolicy, tenant: str, priority: str) -> str | None:

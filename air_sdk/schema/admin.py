@@ -57,6 +57,10 @@ class TenantCreate(_Wire):
 class TenantInfo(_Wire):
     id: str
     created_at: float
+    #: charged failures (crashes, hangs) of its jobs over the last hour
+    crashes_last_hour: int = 0
+    #: its restart allowance (`max_restarts_per_hour` in the cluster file); None: no cap
+    max_restarts_per_hour: int | None = None
 
 
 class TenantList(_Wire):
@@ -112,6 +116,17 @@ class TokenList(_Wire):
     tokens: list[TokenInfo]
 
 
+class NodeProbe(_Wire):
+    """The last run of the operator's node health probe (`air gateway start
+    --node-probe`) on one node: a failure keeps the node out of placements."""
+
+    ok: bool
+    #: when it ended (unix time)
+    at: float
+    #: why it failed: its exit status and last output lines, or its timeout
+    detail: str = ""
+
+
 class NodeHealth(_Wire):
     """A node's failure record: `healthy` is False while the runner keeps it out of
     placements; clearing the record puts it back at once."""
@@ -120,6 +135,8 @@ class NodeHealth(_Wire):
     num_failures: int = 0
     last_failure_at: float | None = None
     healthy: bool = True
+    #: the last probe's result; None without a probe (or before its first run)
+    probe: NodeProbe | None = None
 
 
 class NodeHealthList(_Wire):

@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from air_sdk.schema.admin import NodeProbe
 from air_sdk.schema.data import DataLoadingSummary
 from air_sdk.schema.events import (
     CheckpointCommit,
@@ -275,6 +276,8 @@ class NodeInfo(_Wire):
     used_gpus: list[int] = Field(default_factory=list)
     healthy: bool = True
     jobs: list[str] = Field(default_factory=list)
+    #: the operator's health probe's last result here (None without a probe)
+    probe: NodeProbe | None = None
 
 
 class Inventory(_Wire):

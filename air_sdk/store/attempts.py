@@ -124,6 +124,19 @@ class AttemptStore:
         )
         return [(r["attempt"], r["first_progress"], r["last_commit"], r["ranks_up"]) for r in rows]
 
+    def crashes_by_tenant(self, since: float) -> dict[str, tuple[int, float]]:
+        """tenant -> (attempts of its jobs that ended since `since` with a failure charged
+        to their restart budget, when the oldest of them ended); preemptions and other
+        uncharged endings do not count (`air_sdk.scheduler.tenancy.TenantCrashes`)."""
+        rows = self._db.read(
+            "SELECT j.tenant AS tenant, COUNT(*) AS n, MIN(a.ended_at) AS oldest"
+            " FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.ended_at >= ?"
+            " AND a.failure IS NOT NULL AND json_extract(a.failure, '$.charged') = 1"
+            " GROUP BY j.tenant",
+            (since,),
+        )
+        return {r["tenant"]: (r["n"], r["oldest"]) for r in rows}
+
     def set_resumed_from(self, job_id: str, attempt: int, step: int | None) -> None:
         with self._db.tx() as c:
             c.execute(

@@ -88,6 +88,7 @@ class SqliteStore:
         self.list_attempts = attempts.list_attempts
         self.attempt_times = attempts.attempt_times
         self.set_resumed_from = attempts.set_resumed_from
+        self.crashes_by_tenant = attempts.crashes_by_tenant
         self.check_worker_token = attempts.check_worker_token
 
         self.append_event = events.append_event

@@ -264,7 +264,7 @@ def test_job_chosen_directories_are_refused_outside_the_approved_roots(gateway, 
     assert not os.path.exists(canary)
     # under the operator's approved root it works, and the error named that setting
     assert "allowed_data_roots" in str(refused.value) or "home" in str(refused.value)
-    run = gateway.approved / "run-1"
+    run = gateway.approved / "acme" / "run-1"  # the attacker's tenant's part of the root
     _run(gateway, work, "wrote", output_dir=str(run))
     assert (run / "ok.txt").read_text() == "ok"
 
@@ -284,9 +284,10 @@ def test_a_link_planted_after_submit_is_refused_at_launch(tmp_path):
     for d in (home / "jobs" / "j1" / "code", attempt_dir, approved):
         d.mkdir(parents=True)
     backend = LocalBackend(1, 1, sandbox="unshare", home=home, allowed_data_roots=[approved])
-    spec_path = str(approved / "run")
+    spec_path = str(approved / "default" / "run")
     assert backend.path_policy().refusal("output_dir", spec_path) is None  # as at submit
-    os.symlink(home, approved / "run")
+    (approved / "default").mkdir()
+    os.symlink(home, approved / "default" / "run")
     env = {WorkerEnv.env_name("output_dir"): spec_path}
     launch = NodeLaunch(
         "j1", 1, "node-0", str(home / "jobs" / "j1" / "code"), ["t.py"],

@@ -64,7 +64,7 @@ def refusal(ctx: GatewayContext, tenant: str, spec: JobSpec) -> str | None:
         why = ctx.exports.refusal(spec)
         if why is not None:
             return why
-    return job_paths.submit_refusal(spec, ctx.runner.backend)
+    return job_paths.submit_refusal(spec, ctx.runner.backend, tenant)
 
 
 def submit_job(

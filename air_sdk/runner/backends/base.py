@@ -33,6 +33,8 @@ class LaunchRequest:
     #: the env contract every rank of the attempt shares (AIR_JOB_ID, AIR_ATTEMPT,
     #: AIR_JOB_TOKEN, ...); the backend adds each node's and rank's part
     worker: WorkerEnv = field(default_factory=WorkerEnv)
+    #: the job's tenant (where it may name its own directories: `runner.job_paths`)
+    tenant: str = "default"
 
     @property
     def env(self) -> dict[str, str]:

@@ -37,6 +37,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,6 +144,8 @@ class LocalBackend:
         hidden_files: list[Path] | None = None,
         shared_dirs: list[Path] | None = None,
         allowed_data_roots: list[Path] | None = None,
+        shared_data_roots: list[Path] | None = None,
+        tenant_data_roots: Mapping[str, Sequence[str | Path]] | None = None,
     ) -> None:
         self._nodes = nodes or local_virtual_nodes(num_nodes, slots_per_node)
         self.warm = warm_ranks_enabled(warm)
@@ -159,8 +162,13 @@ class LocalBackend:
         missing = [p for p in self.shared_dirs if not os.path.isdir(p)]
         if missing and self.sandbox.enabled:
             raise ConfigError(f"--sandbox-bind {missing[0]}: no such directory; create it first")
-        #: where jobs may name their own directories besides the home (`job_paths`)
+        #: where jobs may name their own directories besides the home (`job_paths`):
+        #: each tenant T under ROOT/T/; shared ones anywhere; a tenant's own anywhere
         self.allowed_data_roots = [str(p) for p in allowed_data_roots or []]
+        self.shared_data_roots = [str(p) for p in shared_data_roots or []]
+        self.tenant_data_roots = {
+            t: [str(p) for p in r] for t, r in (tenant_data_roots or {}).items()
+        }
         self._lock = threading.Lock()
         #: job id -> the directory of its NodeRunners (jobs/<id>/nodes)
         self._jobs: dict[str, Path] = {}
@@ -205,7 +213,9 @@ class LocalBackend:
                 warm=self.warm,
             )
             if self.sandbox.enabled:
-                box = self.sandbox_spec(request.job_id, request.attempt_dir, launch)
+                box = self.sandbox_spec(
+                    request.job_id, request.attempt_dir, launch, tenant=request.tenant
+                )
                 own = [box.tmp, box.shm] if box.shm else [box.tmp]
                 launch = dataclasses.replace(
                     launch,
@@ -230,7 +240,9 @@ class LocalBackend:
             attempt.nodes.append(_Node(assignment.node, process, record_path, log_path))
         return attempt
 
-    def sandbox_spec(self, job_id: str, attempt_dir: Path, launch: NodeLaunch) -> SandboxSpec:
+    def sandbox_spec(
+        self, job_id: str, attempt_dir: Path, launch: NodeLaunch, *, tenant: str = "default"
+    ) -> SandboxSpec:
         """What `launch`'s ranks see (`air_sdk.runner.node.sandbox`): the home hidden but
         for the job's code, attempts, checkpoint and output directories, the job's own
         /tmp (jobs/<id>/tmp) and /dev/shm, the GPUs. A checkpoint or output directory
@@ -257,7 +269,7 @@ class LocalBackend:
             if not path or not os.path.isabs(path):  # none, or an fsspec URL
                 continue
             # checked at submit too; again here, as the directory is made (issue 19)
-            why = self.path_policy(home).refusal(field, path, own=own)
+            why = self.path_policy(home).refusal(field, path, own=own, tenant=tenant)
             if why is not None:
                 raise ConfigError(why)
             Path(path).mkdir(parents=True, exist_ok=True)
@@ -293,14 +305,20 @@ class LocalBackend:
         """Where this backend's jobs may name their own directories (`job_paths`)."""
         from air_sdk.config import config_file
 
-        roots = [*self.allowed_data_roots, *self.shared_dirs]
-        return JobPathPolicy.build(home or self.home or Path.home(), roots, [config_file().parent])
+        return JobPathPolicy.build(
+            home or self.home or Path.home(),
+            self.allowed_data_roots,
+            [config_file().parent],
+            shared=[*self.shared_data_roots, *self.shared_dirs],
+            tenant_roots=self.tenant_data_roots,
+        )
 
-    def job_path_refusal(self, spec: JobSpec) -> str | None:
-        """Why `spec`'s own directories are refused (sandboxed ranks only), or None."""
+    def job_path_refusal(self, spec: JobSpec, tenant: str = "default") -> str | None:
+        """Why `spec`'s own directories are refused for a job of `tenant` (sandboxed
+        ranks only), or None."""
         if not self.sandbox.enabled:
             return None
-        return self.path_policy().spec_refusal(spec)
+        return self.path_policy().spec_refusal(spec, tenant)
 
     def _kept(self, node_dir: Path) -> NodeProcess | None:
         """The job's NodeRunner of this node, if one runs (from an earlier attempt)."""

@@ -32,7 +32,7 @@ def _policy(tree: dict[str, Path]) -> JobPathPolicy:
 
 def test_a_path_under_an_approved_root_or_the_jobs_own_directory_is_allowed(tree):
     policy = _policy(tree)
-    assert policy.refusal("output_dir", str(tree["approved"] / "runs" / "7")) is None
+    assert policy.refusal("output_dir", str(tree["approved"] / "default" / "runs" / "7")) is None
     own = tree["home"] / "jobs" / "j1"
     assert policy.refusal("checkpoint.dir", str(own / "ckpt"), own=[own]) is None
     assert policy.refusal("output_dir", "s3://bucket/runs") is None  # not a local path
@@ -71,7 +71,7 @@ def test_a_link_or_dotdot_on_the_way_is_refused(tree):
 
 
 def test_an_approved_root_that_holds_the_home_still_keeps_the_home_and_its_ancestors(tree):
-    policy = JobPathPolicy.build(tree["home"], [tree["home"].parent.parent])
+    policy = JobPathPolicy.build(tree["home"], [], shared=[tree["home"].parent.parent])
     assert policy.refusal("output_dir", str(tree["home"].parent / "other")) is None
     assert policy.refusal("output_dir", str(tree["home"].parent)) is not None
     assert policy.refusal("output_dir", str(tree["home"] / "outputs")) is not None

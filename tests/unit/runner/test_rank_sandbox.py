@@ -154,7 +154,7 @@ def test_a_sandboxed_launch_gets_the_jobs_own_directories(tmp_path, monkeypatch)
     )
     backend.shm_root = tmp_path / "shm"
     backend.shm_root.mkdir()
-    data = tmp_path / "data" / "ckpt"
+    data = tmp_path / "data" / "default" / "ckpt"  # the system tenant's part of the root
     spec = backend.sandbox_spec("j1", root / "attempts" / "2", _launch(root, str(data)))
     assert spec.hide == [str(home), str(tmp_path / "cfg" / "air")]
     # every attempt's directory: the same sandbox serves the next attempt's warm ranks
