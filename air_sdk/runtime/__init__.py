@@ -14,7 +14,9 @@ air.shutdown()                        # commit a save in flight, flush, destroy 
 ```
 
 Checkpoints: `air.checkpoint.save(state, step=...)`, `step = air.checkpoint.load(state)`
-(see `air_sdk.runtime.checkpoint`); exact data resume: `air.resumable_loader(...)`.
+(see `air_sdk.runtime.checkpoint`); exact data resume: `air.resumable_loader(...)`;
+streaming shards: `air.data.ShardedDataset(dir, seq_len=...)` and
+`air.data.loader(dataset, batch_size, num_workers=...)` (docs/data.md).
 Files to keep (models, eval results): `air.output_dir()` (the job's `AIR_OUTPUT_DIR`,
 listed by `air outputs JOB`); `air.checkpoint.due(step)` says when `--checkpoint-every`
 asks for a save.
@@ -49,6 +51,7 @@ __all__ = [
     "checkpoint",
     "context",
     "context_parallel",
+    "data",
     "dp_mean",
     "exit_stopped",
     "flush",
@@ -104,7 +107,7 @@ def __getattr__(name: str) -> Any:
 
         globals()[name] = autolog
         return autolog
-    if name in ("checkpoint", "parallel"):  # submodules: importing binds them here too
+    if name in ("checkpoint", "data", "parallel"):  # submodules: importing binds them here too
         import importlib
 
         return importlib.import_module(f"air_sdk.runtime.{name}")
