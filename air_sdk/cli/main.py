@@ -10,6 +10,7 @@
     air demo                             # a 2-node DDP job end to end
     air admin token create --role viewer # tenants and tokens (admin token)
     air render k8s job.yaml --image IMG  # a Kubeflow TrainJob for Kubernetes
+    air data index DIR                   # index shards for air.data.ShardedDataset
 
 Every command talks to the gateway through `make_client` (tests replace it), and
 prints an `AirError` as one `error: ...` line: exit code 2 when the command or
@@ -36,6 +37,7 @@ from air_sdk.cli._common import (
 )
 from air_sdk.cli.admin import admin_app
 from air_sdk.cli.checkpoints import checkpoints_app
+from air_sdk.cli.data import data_app
 from air_sdk.cli.gateway import gateway_app
 from air_sdk.cli.gc import gc as gc_command
 from air_sdk.cli.job_flags import with_job_options
@@ -67,6 +69,7 @@ app.add_typer(gateway_app, name="gateway")
 app.add_typer(admin_app, name="admin")
 app.add_typer(render_app, name="render")
 app.add_typer(checkpoints_app, name="checkpoints")
+app.add_typer(data_app, name="data")
 app.command("plan")(plan_command)
 app.command("slo")(slo_command)
 

@@ -15,6 +15,8 @@ air.shutdown()                        # commit a save in flight, flush, destroy 
 
 Checkpoints: `air.checkpoint.save(state, step=...)`, `step = air.checkpoint.load(state)`
 (see `air_sdk.runtime.checkpoint`); exact data resume: `air.resumable_loader(...)`;
+streaming shards: `air.data.ShardedDataset(dir, seq_len=...)` and
+`air.data.loader(dataset, batch_size, num_workers=...)`;
 data-loading metrics: `for batch in air.data.timed(loader)` (docs/data.md).
 Files to keep (models, eval results): `air.output_dir()` (the job's `AIR_OUTPUT_DIR`,
 listed by `air outputs JOB`); `air.checkpoint.due(step)` says when `--checkpoint-every`

@@ -89,7 +89,7 @@ RULES: dict[str, Rule] = {
     # the CLI reaches the server only inside the commands that start one (`air --help` stays fast)
     "cli": rule(
         "cli client schema errors config gateway_config text",
-        lazily="gateway.server manifests bundle examples checkpoints planner",
+        lazily="gateway.server manifests bundle examples checkpoints planner runtime.data",
         never=f"{SERVER} torch {NOTEBOOK_UI}",
     ),
     # `air checkpoints export` on the client side: the runtime's reader only when exporting

@@ -223,12 +223,14 @@ def state_kinds(state: Mapping[str, Any]) -> dict[str, str]:
 
 
 def data_position(state: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The `state_dict()` of every resumable loader / sampler in `state` (None: none)."""
+    """The `state_dict()` of every resumable loader / sampler / sharded dataset in `state`
+    (None: none). A `ShardedDataset`'s agrees its position across ranks: every rank calls
+    this, as every rank saves."""
     data = sys.modules.get("air_sdk.runtime.data")
     if data is None:  # nothing can hold a data position without that module
         return None
-    kinds = (data.StatefulDistributedSampler, data.ResumableLoader)
-    found = {k: v.state_dict() for k, v in state.items() if isinstance(v, kinds)}
+    kinds = data.position_holders()
+    found = {k: v.state_dict() for k, v in state.items() if kinds and isinstance(v, kinds)}
     return found or None
 
 

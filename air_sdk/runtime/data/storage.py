@@ -153,6 +153,18 @@ class ShardStore:
             return str(self.local_root / name)
         return self.url.rstrip("/") + "/" + name
 
+    def read_small(self, name: str) -> bytes:
+        """The bytes of a small file beside the shards (`index.json`), read where it lives,
+        never cached (a cached index would go stale when the shards are indexed again)."""
+        name = _check_name(name)
+        if self.local_root is not None:
+            return (self.local_root / name).read_bytes()
+        try:
+            data: bytes = self._fs.cat_file(f"{self._root.rstrip('/')}/{name}")
+        except FileNotFoundError:
+            raise FileNotFoundError(self.shard_url(name)) from None
+        return data
+
     # -- pinning ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
