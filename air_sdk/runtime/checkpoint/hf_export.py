@@ -74,8 +74,9 @@ def parse_shard_size(size: int | str) -> int:
         >>> parse_shard_size("5GB"), parse_shard_size("2MiB"), parse_shard_size(1000)
         (5000000000, 2097152, 1000)
     """
+    number: float
     if isinstance(size, int) and not isinstance(size, bool):
-        number, unit = size, ""
+        number, unit = float(size), ""
     else:
         found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(size))
         if found is None or found.group(2).upper() not in _UNITS:
