@@ -94,7 +94,8 @@ def parse_shard_size(size: int | str) -> int:
 def plan_shards(sizes: dict[str, int], max_bytes: int) -> list[list[str]]:
     """The names in `sizes` (in its order) cut into shards of at most `max_bytes` each,
     as huggingface_hub cuts them: a tensor that would overflow the current shard starts
-    the next one, and one bigger than `max_bytes` is a shard alone.
+    the next one, and one bigger than `max_bytes` is a shard alone (in order here:
+    huggingface_hub puts such a tensor first).
 
     Example:
         >>> plan_shards({"a": 4, "b": 4, "c": 10, "d": 2}, 8)
@@ -104,10 +105,7 @@ def plan_shards(sizes: dict[str, int], max_bytes: int) -> list[list[str]]:
     current: list[str] = []
     used = 0
     for name, size in sizes.items():
-        if size > max_bytes:
-            shards.append([name])
-            continue
-        if current and used + size > max_bytes:
+        if current and (size > max_bytes or used + size > max_bytes):
             shards.append(current)
             current, used = [], 0
         current.append(name)
