@@ -146,11 +146,14 @@ def export_hf(
     key: str | None = None,
     dtype: str | None = None,
     config: str | os.PathLike[str] | None = None,
+    max_shard_size: int | str = "5GB",
     client: Client | None = None,
 ) -> Exported:
-    """`export`, as a Hugging Face directory `to` (`model.safetensors` and the
+    """`export`, as a Hugging Face directory `to` (the weights in shards of at most
+    `max_shard_size`, `model.safetensors` when they fit in one, else
+    `model-0000i-of-0000n.safetensors` and `model.safetensors.index.json`; and the
     `config.json` the job loaded with `air.load_pretrained`, or the one in `config`), so
-    `transformers`' `from_pretrained(to)` loads it.
+    `transformers`' `from_pretrained(to)` loads it. One shard is in memory at a time.
 
     Example:
         >>> air_sdk.checkpoints.export_hf("train-1a2b3c4d", to="tuned")  # doctest: +SKIP
@@ -160,4 +163,12 @@ def export_hf(
     from air_sdk.runtime.checkpoint.hf_export import export_hf as write_hf
 
     wanted = step if is_location(os.fspath(source)) else None
-    return write_hf(location, to, step=wanted, key=key, dtype=dtype, config=config)
+    return write_hf(
+        location,
+        to,
+        step=wanted,
+        key=key,
+        dtype=dtype,
+        config=config,
+        max_shard_size=max_shard_size,
+    )

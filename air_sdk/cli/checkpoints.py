@@ -6,6 +6,7 @@
     air checkpoints export /data/run/ckpt --to model.safetensors
     air checkpoints export JOB --to tuned/ --format hf  # a directory from_pretrained loads
     air checkpoints export JOB --to tuned --format hf --config /models/tiny-llama
+    air checkpoints export JOB --to tuned --format hf --max-shard-size 2GB  # shards
 
 `export` runs here, on the client: it reads the checkpoint's files, so they must be
 reachable from this machine (see `air_sdk.checkpoints`). torch is imported only
@@ -152,6 +153,15 @@ def export(
             " one air.load_pretrained kept beside the checkpoints).",
         ),
     ] = None,
+    max_shard_size: Annotated[
+        str | None,
+        typer.Option(
+            "--max-shard-size",
+            metavar="SIZE",
+            help="With --format hf: split the weights into files of at most SIZE (bytes,"
+            " or 5GB, 500MB, 2GiB) with model.safetensors.index.json. Default: 5GB.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     gateway: GatewayOption = None,
 ) -> None:
@@ -170,9 +180,23 @@ def export(
     if as_hf:
         from air_sdk.checkpoints import export_hf
 
-        done = export_hf(source, step, to, key=key, dtype=cast, config=config, client=client)
+        done = export_hf(
+            source,
+            step,
+            to,
+            key=key,
+            dtype=cast,
+            config=config,
+            max_shard_size=max_shard_size or "5GB",
+            client=client,
+        )
     elif config is not None:
         raise typer.BadParameter("--config goes with --format hf", param_hint="--config")
+    elif max_shard_size is not None:
+        raise typer.BadParameter(
+            "--max-shard-size goes with --format hf (one --to FILE is one file)",
+            param_hint="--max-shard-size",
+        )
     else:
         done = export_checkpoint(source, step, to, key=key, dtype=cast, client=client)
     if as_json:
@@ -185,6 +209,7 @@ def export(
                 "num_bytes": done.num_bytes,
                 "source": done.source,
                 "skipped": list(done.skipped),
+                "shards": list(done.shards),
             }
         )
         return
@@ -192,5 +217,7 @@ def export(
         f"wrote {done.path}: step {done.step}, {done.num_tensors} tensors"
         f" ({done.num_bytes / 2**20:.1f} MiB) of state[{done.key!r}] from {done.source}"
     )
+    if done.shards:
+        console.print(f"in {len(done.shards)} shards and model.safetensors.index.json")
     if done.skipped:
         console.print(f"[yellow]not tensors, left out:[/] {', '.join(done.skipped)}")

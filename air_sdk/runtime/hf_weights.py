@@ -142,9 +142,11 @@ def _file_names(model_names: Iterable[str], file_names: set[str], prefix: str) -
     return found
 
 
-def _tied_source(part: nn.Module, name: str) -> str | None:
-    """The name of the embedding weight `name` is tied to (by the config or by being
-    one parameter), when `name` is the output head's weight."""
+def _tied_source(part: nn.Module, name: str, file_tied: bool = False) -> str | None:
+    """The name of the embedding weight `name` is tied to, when `name` is the output
+    head's weight: tied by the model's config, by being one parameter, or by the
+    checkpoint's config (`file_tied`: a head untied for a pipeline, whose file holds
+    only the embedding). A pipeline stage that dropped the embedding still names it."""
     config = getattr(part, "config", None)
     head = getattr(part, "get_output_embeddings", lambda: None)()
     embeddings = getattr(part, "get_input_embeddings", lambda: None)()
@@ -155,10 +157,20 @@ def _tied_source(part: nn.Module, name: str) -> str | None:
     if head_name is None or emb_name is None or name != f"{head_name}.weight":
         return None
     head_weight, weight = getattr(head, "weight", None), getattr(embeddings, "weight", None)
-    if head_weight is None or weight is None:  # a pipeline stage dropped one of them
+    if head_weight is None:  # a pipeline stage dropped the head
         return None
-    tied = getattr(config, "tie_word_embeddings", False) or head_weight is weight
+    one = weight is not None and head_weight is weight
+    tied = getattr(config, "tie_word_embeddings", False) or one or file_tied
     return f"{emb_name}.weight" if tied else None
+
+
+def _file_ties(directory: str) -> bool:
+    """Whether the checkpoint's own config.json ties its head to the embedding."""
+    try:
+        with open(os.path.join(directory, "config.json")) as f:
+            return bool(json.load(f).get("tie_word_embeddings", False))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_pretrained(model: Any, path: str | os.PathLike[str]) -> Pretrained:
@@ -188,6 +200,7 @@ def load_pretrained(model: Any, path: str | os.PathLike[str]) -> Pretrained:
     directory = _directory(path)
     file_names = set(HuggingFaceStorageReader(directory).read_metadata().state_dict_metadata)
     total, tied, used = 0, [], set()
+    file_tied = _file_ties(directory)
     for part in _parts(model):
         _materialize(part)
         state = get_model_state_dict(part)
@@ -199,11 +212,12 @@ def load_pretrained(model: Any, path: str | os.PathLike[str]) -> Pretrained:
         for name, tensor in state.items():
             if name in names:
                 continue
-            source = _tied_source(part, name)
-            if source is not None and source in names:
+            source = _tied_source(part, name, file_tied)
+            found = {} if source is None else _file_names([source], file_names, prefix)
+            if source in found:
                 tied.append(name)
-                if id(tensor) not in seen:  # untied by sharding: load it on its own below
-                    missing.append((name, names[source]))
+                if id(tensor) not in seen:  # untied (by sharding, by a pipeline stage)
+                    missing.append((name, found[source]))
                 continue
             raise ConfigError(
                 f"{name} of {type(part).__name__} is not in {directory} (it holds e.g."
@@ -213,11 +227,13 @@ def load_pretrained(model: Any, path: str | os.PathLike[str]) -> Pretrained:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_NO_DIST)
             _read(dcp, to_load, directory)
-            for name, source in missing:  # the tied head's own copy, from the embedding
-                _read(dcp, {source: state[name]}, directory)
+            # the tied head's own copy, from the embedding; a collective (DCP plans over
+            # all ranks), so every rank reads, with nothing to read on most of them (a
+            # pipeline's last stage alone holds an untied head)
+            _read(dcp, {source: state[name] for name, source in missing}, directory)
         set_model_state_dict(part, state, options=StateDictOptions(strict=False))
         total += len(to_load)
-        used |= set(to_load)
+        used |= set(to_load) | {source for _, source in missing}
     _remember_config(directory)
     return Pretrained(
         directory=directory,

@@ -39,7 +39,15 @@ from air_sdk.runtime.checkpoint._commit import latest_committed
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DTYPES", "Exported", "export_safetensors", "find_checkpoint", "hf_names"]
+__all__ = [
+    "DTYPES",
+    "Exported",
+    "export_safetensors",
+    "find_checkpoint",
+    "hf_names",
+    "model_entries",
+    "open_verified",
+]
 
 #: wrapper modules whose name appears in a parameter's path: torch.compile,
 #: activation checkpointing, FSDP1; DDP's `module.` only as the first part
@@ -61,6 +69,9 @@ class Exported:
     source: str
     #: saved under the model's key but not tensors (e.g. a module's `_extra_state`)
     skipped: tuple[str, ...] = field(default_factory=tuple)
+    #: the weight files written, for a Hugging Face export split into shards (their
+    #: `model.safetensors.index.json` beside them); empty for one file
+    shards: tuple[str, ...] = field(default_factory=tuple)
 
 
 def hf_names(names: list[str]) -> dict[str, str]:
@@ -197,16 +208,8 @@ def export_safetensors(
         raise CheckpointError(
             f"cannot write {os.fspath(to)}: the directory {parent} does not exist"
         )
-    storage, directory, step = find_checkpoint(location, step)
-    manifest = read_manifest(storage, directory)
-    assert manifest is not None
-    problems = verify_files(storage, directory, manifest.files)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if problems[1:] else ""
-        raise CheckpointError(
-            f"checkpoint step {step} at {directory} does not match its manifest:"
-            f" {problems[0]}{more}; export another step"
-        )
+    storage, directory, manifest = open_verified(location, step)
+    step = manifest.step
     chosen, values = _read_model(storage, directory, manifest, key)
     names = hf_names(sorted(values))
     out: dict[str, torch.Tensor] = {}
@@ -242,20 +245,56 @@ def export_safetensors(
     )
 
 
+def open_verified(
+    location: str | os.PathLike[str], step: int | None
+) -> tuple[CheckpointStorage, str, Manifest]:
+    """(storage, step directory, manifest) of checkpoint `step` (default: the newest
+    committed) under `location`, its files checked against the manifest (sizes and
+    sha256). CheckpointError names the first file that differs."""
+    storage, directory, step = find_checkpoint(location, step)
+    manifest = read_manifest(storage, directory)
+    assert manifest is not None
+    problems = verify_files(storage, directory, manifest.files)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if problems[1:] else ""
+        raise CheckpointError(
+            f"checkpoint step {step} at {directory} does not match its manifest:"
+            f" {problems[0]}{more}; export another step"
+        )
+    return storage, directory, manifest
+
+
+def model_entries(
+    storage: CheckpointStorage, directory: str, manifest: Manifest, key: str | None
+) -> tuple[str, dict[str, tuple[str, Any]]]:
+    """(the model's key, {DCP's flat key: (saved name under the model, its DCP storage
+    metadata)}) in the order the checkpoint saved them, from the metadata alone (no
+    tensor is read): what a reader of one part of the model at a time plans with."""
+    # a job wrote these files: nothing of them is unpickled but DCP's metadata classes
+    from air_sdk.runtime.checkpoint._safe_metadata import safe_reader
+
+    metadata = safe_reader(storage.reader(directory)).read_metadata()
+    planner_data = metadata.planner_data or {}
+    paths = {
+        k: tuple(str(p) for p in planner_data.get(k, k.split(".", 1)))
+        for k in metadata.state_dict_metadata
+    }
+    top_level = {path[0] for path in paths.values()}
+    chosen = _model_key(manifest, top_level, key, f"checkpoint step {manifest.step}")
+    return chosen, {
+        k: (".".join(paths[k][1:]), meta)
+        for k, meta in metadata.state_dict_metadata.items()
+        if paths[k][0] == chosen
+    }
+
+
 def _read_model(
     storage: CheckpointStorage, directory: str, manifest: Manifest, key: str | None
 ) -> tuple[str, dict[str, Any]]:
     """(the key read, {saved name: value}) of the model entry, whole, in this process."""
-    # a job wrote these files: nothing of them is unpickled but DCP's metadata classes
-    from air_sdk.runtime.checkpoint._safe_metadata import load_state, safe_reader
+    from air_sdk.runtime.checkpoint._safe_metadata import load_state
 
-    metadata = safe_reader(storage.reader(directory)).read_metadata()
-    planner_data = metadata.planner_data or {}
-    top_level = {
-        str(planner_data[k][0]) if k in planner_data else k.split(".", 1)[0]
-        for k in metadata.state_dict_metadata
-    }
-    chosen = _model_key(manifest, top_level, key, f"checkpoint step {manifest.step}")
+    chosen, _ = model_entries(storage, directory, manifest, key)
     state: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_DIST)

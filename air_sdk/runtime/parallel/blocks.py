@@ -279,9 +279,29 @@ def _refuse_tied(model: nn.Module, first: tuple[str, ...], last: tuple[str, ...]
         if key in head:
             raise ConfigError(
                 f"{name!r} and {head[key]!r} are one tied parameter, but the first and the"
-                " last pipeline stage would each hold a copy that trains apart: untie them"
-                " (e.g. clone the embedding into the head) or use pp=1"
+                " last pipeline stage would each hold a copy that trains apart (AIR does not"
+                " sum a tied parameter's gradients across stages yet). Untie it before"
+                f" air.pipeline: {_untie_line(model, head[key], name)}. The head then"
+                " trains as a parameter of its own, from the embedding's values"
+                " (air.load_pretrained fills it from the embedding of a tied checkpoint):"
+                " the first step equals the tied model's, later steps differ, the last"
+                " stage holds one more vocabulary x hidden matrix, and a checkpoint or"
+                " export holds both. Or use pp=1"
             )
+
+
+def _untie_line(model: nn.Module, head: str, embedding: str) -> str:
+    """The Python line that gives `head` its own copy of `embedding`'s values (and tells
+    a `transformers` model's config, so that nothing ties them again)."""
+    line = (
+        f"model.{head} = torch.nn.Parameter(model.{embedding}.detach().clone())"
+        if all(part.isidentifier() for part in f"{head}.{embedding}".split("."))
+        else f"model.get_submodule({head.rpartition('.')[0]!r}).{head.rpartition('.')[2]}"
+        f" = torch.nn.Parameter(model.get_parameter({embedding!r}).detach().clone())"
+    )
+    if hasattr(getattr(model, "config", None), "tie_word_embeddings"):
+        line += "; model.config.tie_word_embeddings = False"
+    return line
 
 
 def build_stage(model: nn.Module, split: StageSplit, stage: int) -> nn.Module:

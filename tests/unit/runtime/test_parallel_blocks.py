@@ -65,13 +65,21 @@ def test_more_stages_than_pieces_is_refused():
         split_stages(build_llama(LlamaConfig(n_layers=2)), 5)
 
 
-def test_tied_embedding_and_head_are_refused():
+def test_tied_embedding_and_head_are_refused_with_the_line_that_unties_them():
     model = build_llama(LlamaConfig(n_layers=2))
     model.output.weight = model.tok_embeddings.weight
     with pytest.raises(
         ConfigError, match=r"'tok_embeddings.weight' and 'output.weight' are one tied"
-    ):
+    ) as refused:
         split_stages(model, 2)
+    line = str(refused.value).split("Untie it before air.pipeline: ", 1)[1].split(". The", 1)[0]
+    assert line == (
+        "model.output.weight = torch.nn.Parameter(model.tok_embeddings.weight.detach().clone())"
+    )
+    exec(line)
+    assert model.output.weight is not model.tok_embeddings.weight
+    assert torch.equal(model.output.weight, model.tok_embeddings.weight)
+    assert split_stages(model, 2).last_modules == ("norm", "output")
 
 
 def test_parameters_beside_the_blocks_are_refused():
