@@ -276,12 +276,20 @@ def _never_fits_here(request: JobRequest, nodes: list[NodeSpec]) -> str:
         )
     slots = min(n.slots for n in nodes)
     if len(nodes) < request.nodes:
+        widest = f"{plural(len(nodes), 'node')} x {plural(slots, 'rank')}"
+        if request.nodes > cores:
+            # one virtual node per core at most: never "restart with --nodes 1000"
+            return (
+                f"{need}; this gateway places at most {widest} ({machine}): lower --nodes"
+                f" to {len(nodes)}; for more nodes, submit to a cluster that has them (air"
+                " gateway start --cluster FILE with a larger pool, or --backend ray)"
+            )
         per_node = max(1, cores // request.nodes)
         flags = f"--nodes {request.nodes}"
         if per_node < request.slots_per_node:
             flags += f" --slots-per-node {request.slots_per_node}"
         return (
-            f"{need}; the gateway has {plural(len(nodes), 'node')} ({machine}): lower --nodes"
+            f"{need}; this gateway places at most {widest} ({machine}): lower --nodes"
             f" to {len(nodes)}, or restart the gateway with {flags}"
         )
     return (

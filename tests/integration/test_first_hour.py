@@ -1,0 +1,95 @@
+"""The first hour on a default gateway of this machine (2 virtual nodes sharing its
+cores), through the `air` command as a new user types it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from airtest import stop_gateway_and_its_jobs
+
+from air_sdk.gateway.server import GatewayOptions, GatewayProcess, start_detached
+from air_sdk.runner.backends.local import free_port
+
+pytestmark = pytest.mark.slow
+
+AIR = [sys.executable, "-m", "air_sdk.cli.main"]
+CORES = os.cpu_count() or 1
+
+TRAIN = """
+import sys
+import air_sdk.runtime as air
+ctx = air.init()
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+for step in range(steps):  # 0-based, as most loops are
+    air.log(step=step, loss=1.0 / (step + 1))
+air.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def default_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """`air gateway start --nodes 2` as a newcomer runs it: each virtual node offers every
+    core, and the nodes share them (no --slots-per-node, no --oversubscribe)."""
+    home = tmp_path_factory.mktemp("air-home")
+    opts = GatewayOptions(
+        port=free_port(),
+        home=home,
+        num_nodes=2,
+        write_client_config=False,
+        sandbox_binds=(tmp_path_factory.getbasetemp(),),
+    )
+    gw = start_detached(opts)
+    yield gw
+    stop_gateway_and_its_jobs(gw.url, gw.token, home)
+
+
+def air(gw: GatewayProcess, *args: str, cwd: Path | None = None, timeout: float = 180):
+    env = {**os.environ, "AIR_GATEWAY_URL": gw.url, "AIR_TOKEN": gw.token}
+    env.pop("AIR_CONFIG_FILE", None)
+    return subprocess.run(
+        [*AIR, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def jobs(gw: GatewayProcess) -> list[dict]:
+    return json.loads(air(gw, "jobs", "--json").stdout)
+
+
+def test_the_same_ranks_on_the_same_cores_are_refused_at_submit_alike(default_gateway, tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    before = jobs(default_gateway)
+    said = []
+    for nodes, procs in ((2, CORES), (1, 2 * CORES)):  # 2 x 2 and 1 x 4 on 2 cores
+        run = air(
+            default_gateway,
+            "submit",
+            "train.py",
+            "--nodes",
+            str(nodes),
+            "--procs-per-node",
+            str(procs),
+            cwd=tmp_path,
+        )
+        assert run.returncode == 1, run.stdout + run.stderr  # the gateway refused it
+        said.append(run.stderr)
+    assert said[0] == said[1]
+    assert f"the job runs {2 * CORES} ranks at once; this gateway runs at most {CORES} rank" in (
+        said[0]
+    )
+    assert "--oversubscribe" in said[0]
+    assert jobs(default_gateway) == before  # refused, not accepted and then FAILED
+
+
+def test_a_thousand_nodes_are_told_what_fits_not_to_restart_with_them(default_gateway, tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    run = air(default_gateway, "submit", "train.py", "--nodes", "1000", cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr  # the gateway refused it
+    assert "the job runs 1000 ranks at once" in run.stderr
+    assert f"2 nodes x {CORES // 2} rank" in run.stderr  # what this gateway places
+    assert "--nodes 1000" not in run.stderr
