@@ -39,6 +39,7 @@ from air_sdk.client.options import CELL_OPTIONS, JobOption
 from air_sdk.errors import AirError, CellCaptureError, SpecError
 from air_sdk.notebook.job_views import JobsTable, gateway_status_text, job_status_text
 from air_sdk.schema.state import JobState
+from air_sdk.text import plural
 
 if TYPE_CHECKING:
     from air_sdk.client import Client, Job
@@ -464,10 +465,10 @@ def _check_shape(running: Any, args: argparse.Namespace, home: Path) -> None:
     slots = sorted({n.slots for n in nodes})
     wrong = []
     if args.nodes is not None and args.nodes != len(nodes):
-        wrong.append(f"{len(nodes)} virtual node{'s' * (len(nodes) != 1)}, not {args.nodes}")
+        wrong.append(f"{plural(len(nodes), 'virtual node')}, not {args.nodes}")
     if args.slots_per_node is not None and slots != [args.slots_per_node]:
-        have = "/".join(map(str, slots))
-        wrong.append(f"{have} slot{'s' * (have != '1')} per node, not {args.slots_per_node}")
+        have = plural(slots[0], "slot") if len(slots) == 1 else "/".join(map(str, slots)) + " slots"
+        wrong.append(f"{have} per node, not {args.slots_per_node}")
     if wrong:
         stop = (
             "%air gateway stop"

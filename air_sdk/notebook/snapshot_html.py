@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from air_sdk.notebook.job_views import failure_text
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
-from air_sdk.text import user_traceback
+from air_sdk.text import plural, user_traceback
 
 __all__ = [
     "DEFAULT_LOG_LINES",
@@ -274,7 +274,7 @@ def badge_html(snapshot: JobSnapshot, *, name: str | None = None) -> str:
 def _restarts(num_restarts: int) -> str:
     if not num_restarts:
         return ""
-    return f" ({num_restarts} restart{'s' if num_restarts != 1 else ''})"
+    return f" ({plural(num_restarts, 'restart')})"
 
 
 def progress_text(snapshot: JobSnapshot, *, total_steps: int | None = None) -> str:
@@ -511,8 +511,8 @@ def render_html(
         )
     if len(ranks) > max_log_ranks:
         parts.append(
-            f'<div style="color:{_MUTED}">and the logs of {len(ranks) - max_log_ranks}'
-            " more ranks (job.logs(rank=...))</div>"
+            f'<div style="color:{_MUTED}">and the logs of'
+            f" {plural(len(ranks) - max_log_ranks, 'more rank')} (job.logs(rank=...))</div>"
         )
     body = "".join(parts)
     return (

@@ -181,7 +181,7 @@ def oversubscription(nodes: Sequence[NodeSpec], cores: int) -> str | None:
         else plural(len(cpu), "virtual node")
     )
     return (
-        f"oversubscribed: {shape} = {total} ranks on {plural(cores, 'core')}; ranks beyond"
+        f"oversubscribed: {shape} = {plural(total, 'rank')} on {plural(cores, 'core')}; ranks beyond"
         " the cores share them (slower, and timing-sensitive code may time out)"
     )
 
@@ -221,7 +221,7 @@ def oversubscribed_by(
     if not mine or mine + others <= cores:
         return None
     return (
-        f"{mine + others} ranks (this job's {mine}, other jobs' {others}) on"
+        f"{plural(mine + others, 'rank')} (this job's {mine}, other jobs' {others}) on"
         f" {plural(cores, 'core')}: ranks beyond the cores share them; the gateway runs"
         " oversubscribed (--oversubscribe or --slots-per-node)"
     )

@@ -272,7 +272,7 @@ def _never_fits_here(request: JobRequest, nodes: list[NodeSpec]) -> str:
         return (
             f"{need}; the gateway's nodes have {plural(min(n.num_gpus for n in nodes), 'GPU')}"
             f" each ({machine}): restart the gateway with --nodes {request.nodes}, so each"
-            f" node gets {gpus // request.nodes} GPUs, or lower --gpus-per-node"
+            f" node gets {plural(gpus // request.nodes, 'GPU')}, or lower --gpus-per-node"
         )
     slots = min(n.slots for n in nodes)
     if len(nodes) < request.nodes:

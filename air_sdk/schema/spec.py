@@ -487,7 +487,7 @@ class JobSpec(_Frozen):
         if layout.tp > per_node or per_node % layout.tp:
             raise ValueError(
                 f"tp={layout.tp} must stay inside one node: it has to divide the"
-                f" {per_node} ranks per node (tensor parallel talks every layer; across"
+                f" ranks per node, {per_node} here (tensor parallel talks every layer; across"
                 " nodes it is too slow): lower tp or raise procs_per_node/gpus_per_node"
             )
         if layout.cp > 1 and not res.gpus_per_node:

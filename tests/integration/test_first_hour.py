@@ -79,8 +79,9 @@ def test_the_same_ranks_on_the_same_cores_are_refused_at_submit_alike(default_ga
         assert run.returncode == 1, run.stdout + run.stderr  # the gateway refused it
         said.append(run.stderr)
     assert said[0] == said[1]
-    assert f"the job runs {2 * CORES} ranks at once; this gateway runs at most {CORES} rank" in (
-        said[0]
+    assert (
+        f"the job runs {2 * CORES} ranks at once; this gateway runs at most {CORES} rank"
+        in (said[0])
     )
     assert "--oversubscribe" in said[0]
     assert jobs(default_gateway) == before  # refused, not accepted and then FAILED
