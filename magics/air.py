@@ -58,7 +58,7 @@ _OPTION_COMMANDS: dict[str, tuple[str, ...]] = {
     "files": ("train",),
     "max_value_mib": ("train",),
     "wait": ("train",),
-    "total_steps": ("train", "attach"),
+    "total_steps": ("train", "attach"),  # a job option; attach's monitor takes it too
     "nodes": ("train", "gateway"),
     "slots_per_node": ("gateway",),
     "port": ("gateway",),
@@ -218,12 +218,6 @@ class AirMagics(Magics):
         type=_count(1),
         metavar="MIB",
         help="Largest notebook value that may travel with the cell, pickled (default 64).",
-    )
-    @argument(
-        "--total-steps",
-        type=_count(1),
-        metavar="N",
-        help="Steps of the run, for the monitor's progress bar and ETA (also for attach).",
     )
     @argument(
         "--wait",

@@ -32,7 +32,13 @@ from air_sdk.cli.act_on import goodput_text, hang_lines
 from air_sdk.schema.api import JobRecord, MetricRow
 from air_sdk.schema.events import EventType, LogBatch
 from air_sdk.schema.numbers import format_value
-from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
+from air_sdk.schema.snapshot import (
+    DERIVED_METRICS,
+    TOTAL_STEPS_METRIC,
+    JobSnapshot,
+    loss_name,
+    metric_order,
+)
 from air_sdk.schema.state import JobState
 from air_sdk.text import plural, user_traceback
 
@@ -258,8 +264,13 @@ def progress_metrics(snapshot: JobSnapshot) -> str:
     `step 120  loss 0.031  45.1 steps/s  1.23M tokens/s  MFU 41.2%` ("" before any)."""
     if snapshot.step is None:
         return ""
-    pieces = [f"step {snapshot.step}"]
-    logged = {k: v for k, v in snapshot.latest.items() if k not in DERIVED_METRICS}
+    total = snapshot.total_steps
+    pieces = [f"step {snapshot.steps_done}" + (f"/{total}" if total else "")]
+    logged = {
+        k: v
+        for k, v in snapshot.latest.items()
+        if k not in DERIVED_METRICS and k != TOTAL_STEPS_METRIC  # the total is shown above
+    }
     for name, value in _ordered_metrics(logged)[:MAX_SHOWN_METRICS]:
         pieces.append(f"{name} {_fmt(value)}")
     rate = snapshot.steps_per_second
@@ -376,7 +387,7 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
     if snapshot.step is None:  # no air.log step: say what is known, not rows of dashes
         rows.append(("run", outcome_line(record)))
     else:
-        rows.append(("steps", str(snapshot.step)))
+        rows.append(("steps", str(snapshot.steps_done)))  # a count, not the last index
         if loss is not None:
             rows.append(("final loss", _fmt(loss)))
         if rate is not None:
@@ -471,7 +482,7 @@ def watch(
     Example:
         >>> snapshot, record = watch(client.job("train-5d41402a"), console)  # doctest: +SKIP
     """
-    snapshot = JobSnapshot(job_id=job.id)
+    snapshot = job.new_snapshot()
     with ProgressView(console) as view:
         view.update(snapshot)
         for event in job.follow(after=0):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from air_sdk.schema.snapshot import JobSnapshot, metric_order
+from air_sdk.schema.snapshot import TOTAL_STEPS_METRIC, JobSnapshot, metric_order
 
 __all__ = [
     "TOTAL_STEPS_METRIC",
@@ -28,10 +28,6 @@ __all__ = [
     "resolve_total_steps",
     "throughput",
 ]
-
-#: the scalar a training script may log to tell the monitor how many steps it will run
-TOTAL_STEPS_METRIC = "total_steps"
-
 
 # -- numbers -------------------------------------------------------------------
 
@@ -105,14 +101,20 @@ def format_rate(steps_per_s: float | None) -> str:
 
 
 def resolve_total_steps(snapshot: JobSnapshot, total_steps: int | None = None) -> int | None:
-    """The run's length: the monitor's `total_steps=` option, else a logged `total_steps`.
+    """The run's length: the monitor's `total_steps=` option, else the snapshot's (a
+    `total_steps` a rank logged, else the spec's), else a logged `total_steps` of a
+    snapshot folded before it had the field.
 
     Example:
         >>> resolve_total_steps(JobSnapshot(job_id="j"), 500)
         500
+        >>> resolve_total_steps(JobSnapshot(job_id="j", total_steps=150))
+        150
     """
     if total_steps is not None:
         return total_steps
+    if snapshot.total_steps is not None:
+        return snapshot.total_steps
     logged = snapshot.latest.get(TOTAL_STEPS_METRIC)
     if logged is None or not math.isfinite(logged) or logged < 1:
         return None
@@ -128,11 +130,12 @@ def eta_seconds(snapshot: JobSnapshot, total_steps: int | None = None) -> float 
     """
     total = resolve_total_steps(snapshot, total_steps)
     rate = snapshot.steps_per_second
-    if total is None or rate is None or rate <= 0 or snapshot.step is None:
+    done = snapshot.steps_done
+    if total is None or rate is None or rate <= 0 or done is None:
         return None
     if snapshot.state.terminal:
         return None
-    return max(total - snapshot.step, 0) / rate
+    return max(total - done, 0) / rate
 
 
 def throughput(snapshot: JobSnapshot) -> list[tuple[str, float]]:
@@ -192,18 +195,23 @@ def default_metric(snapshot: JobSnapshot) -> str | None:
 
 
 def progress_text(snapshot: JobSnapshot, *, total_steps: int | None = None) -> str:
-    """`step 120 / 1000 (12%) · 45.1 steps/s · ETA 3m 05s` (plain text, no markup).
+    """`step 120 / 1000 (12%) · 45.1 steps/s · ETA 3m 05s` (plain text, no markup). The
+    step is a count (`JobSnapshot.steps_done`): a 0-based loop's last step 149 of 150
+    reads `step 150 / 150`.
 
     Example:
         >>> progress_text(JobSnapshot(job_id="j"))
         'no steps yet'
+        >>> progress_text(JobSnapshot(job_id="j", step=149, first_point_step=0), total_steps=150)
+        'step 150 / 150 (100%)'
     """
-    if snapshot.step is None:
+    done = snapshot.steps_done
+    if done is None:
         return "no steps yet"
     total = resolve_total_steps(snapshot, total_steps)
-    pieces = [f"step {snapshot.step}"]
+    pieces = [f"step {done}"]
     if total is not None:
-        pieces[0] += f" / {total} ({min(snapshot.step / total, 1.0):.0%})"
+        pieces[0] += f" / {total} ({min(done / total, 1.0):.0%})"
     rate = format_rate(snapshot.steps_per_second)
     if rate:
         pieces.append(rate)

@@ -92,7 +92,7 @@ def monitor_view(
     if snap.state is JobState.SUCCEEDED:
         progress_value = progress_max  # done is done, whatever the last logged step
     elif total is not None:
-        progress_value = min(snap.step or 0, total)
+        progress_value = min(snap.steps_done or 0, total)
     else:
         progress_value = 0
 

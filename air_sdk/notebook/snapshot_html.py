@@ -316,8 +316,8 @@ def render_html(
     total = resolve_total_steps(snapshot, total_steps)
     parts = [f"<div>{badge_html(snapshot, name=name)}</div>"]
     progress = _esc(progress_text(snapshot, total_steps=total_steps))
-    if total is not None and snapshot.step is not None:
-        value = min(snapshot.step, total)
+    if total is not None and snapshot.steps_done is not None:
+        value = min(snapshot.steps_done, total)
         progress = (
             f'<progress value="{value}" max="{total}" style="width:240px"></progress> {progress}'
         )

@@ -6,6 +6,7 @@ new event; a reconnecting reader continues from `snapshot.last_seq`.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 
@@ -41,6 +42,8 @@ MFU_METRIC = "mfu"
 FLOPS_PER_STEP_METRIC = "flops_per_step"
 HFU_METRIC = "hfu"
 HARDWARE_FLOPS_PER_STEP_METRIC = "hardware_flops_per_step"
+#: the run's length, when a rank logs it: `air.log(step, total_steps=N)`
+TOTAL_STEPS_METRIC = "total_steps"
 #: derived values, shown as throughput rather than among the logged metrics
 DERIVED_METRICS = frozenset(
     {
@@ -95,6 +98,9 @@ class JobSnapshot(BaseModel):
     skipped_checkpoints: list[CheckpointSkip] = Field(default_factory=list)
     #: the step the current attempt resumed from (None: it started from scratch)
     resumed_from_step: int | None = None
+    #: the run's length in steps: the spec's `total_steps` (a reader starts its fold
+    #: with it: `Job.new_snapshot()`), replaced by one a rank logs (TOTAL_STEPS_METRIC)
+    total_steps: int | None = None
 
     @classmethod
     def fold(cls, job_id: str, events: list[Event]) -> JobSnapshot:
@@ -114,6 +120,21 @@ class JobSnapshot(BaseModel):
         ):
             return None
         return (self.step - self.first_point_step) / (self.last_point_ts - self.first_point_ts)
+
+    @property
+    def steps_done(self) -> int | None:
+        """How many steps ran, from the latest step index: a loop whose first logged
+        step is 0 counts from 0 (its step 149 is its 150th), one from 1 from 1.
+
+        Example:
+            >>> JobSnapshot(job_id="j", step=149, first_point_step=0).steps_done
+            150
+            >>> JobSnapshot(job_id="j", step=150, first_point_step=1).steps_done
+            150
+        """
+        if self.step is None:
+            return None
+        return self.step + 1 if self.first_point_step == 0 else self.step
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -199,6 +220,9 @@ class JobSnapshot(BaseModel):
             if self.step is None or p.step >= self.step:
                 self.step = p.step
                 self.last_point_ts = p.ts
+            total = p.values.get(TOTAL_STEPS_METRIC)
+            if total is not None and math.isfinite(total) and total >= 1:
+                self.total_steps = int(total)
             for name, value in p.values.items():
                 if rank == 0 or name not in self.latest:
                     self.latest[name] = value

@@ -350,6 +350,13 @@ class JobSpec(_Frozen):
         " cannot fit its GPUs is then refused at submit.",
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    total_steps: int | None = Field(
+        None,
+        ge=1,
+        le=10**12,
+        description="The run's length in steps, for every view's progress bar and ETA"
+        " (a `total_steps` a rank logs with air.log wins); None: unknown.",
+    )
     output_dir: str | None = Field(
         None,
         description="Durable directory for the files the job keeps (AIR_OUTPUT_DIR, `air"

@@ -94,3 +94,45 @@ def test_a_thousand_nodes_are_told_what_fits_not_to_restart_with_them(default_ga
     assert "the job runs 1000 ranks at once" in run.stderr
     assert f"2 nodes x {CORES // 2} rank" in run.stderr  # what this gateway places
     assert "--nodes 1000" not in run.stderr
+
+
+def test_the_follow_summary_counts_the_steps_of_a_zero_based_loop(default_gateway, tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    run = air(default_gateway, "submit", "train.py", "--follow", "--", "--steps", "7", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [line.split() for line in run.stdout.splitlines()]
+    assert ["steps", "7"] in lines  # steps 0..6 are 7 steps, not "steps 6"
+
+
+SLOW = """
+import time
+import air_sdk.runtime as air
+air.init()
+for step in range(400):
+    air.log(step=step, loss=1.0)
+    time.sleep(0.05)
+air.shutdown()
+"""
+
+
+def test_a_second_client_attaching_to_a_running_job_sees_its_total(default_gateway, tmp_path):
+    from airtest import wait_for
+
+    from air_sdk.client import Client
+    from air_sdk.notebook.figures import progress_text
+
+    (tmp_path / "slow.py").write_text(SLOW)
+    run = air(default_gateway, "submit", "slow.py", "--total-steps", "400", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    job_id = run.stdout.split()[-1]
+    elsewhere = Client(default_gateway.url, default_gateway.token).job(job_id)
+    try:
+        snapshot = wait_for(
+            lambda: (s := elsewhere.snapshot()).steps_done and s, 120, "a logged step"
+        )
+        assert snapshot.total_steps == 400
+        assert " / 400 (" in progress_text(snapshot)
+        status = air(default_gateway, "status", job_id)
+        assert "/400" in status.stdout, status.stdout
+    finally:
+        air(default_gateway, "cancel", job_id)
