@@ -38,7 +38,7 @@ from air_sdk.notebook.figures import (
 from air_sdk.notebook.job_views import failure_text
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
-from air_sdk.text import plural, user_traceback
+from air_sdk.text import clock, plural, user_traceback
 
 __all__ = [
     "DEFAULT_LOG_LINES",
@@ -167,20 +167,19 @@ def metrics_html(snapshot: JobSnapshot) -> str:
     return "<br>".join(parts)
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str | tuple[str, str]]]) -> str:
+    """An HTML table; a cell is its text, or (text, what hovering over it shows)."""
     head = "".join(f'<th style="{_CELL};text-align:left">{_esc(h)}</th>' for h in headers)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            # Numbers line up on the right, names on the left.
-            f'<td style="{_CELL};text-align:{"right" if cell[:1].isdigit() else "left"}">'
-            f"{_esc(cell)}</td>"
-            for cell in row
-        )
-        + "</tr>"
-        for row in rows
-    )
+    body = "".join("<tr>" + "".join(_td(cell) for cell in row) + "</tr>" for row in rows)
     return f'<table style="{_TABLE}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _td(cell: str | tuple[str, str]) -> str:
+    text, title = cell if isinstance(cell, tuple) else (cell, None)
+    hover = "" if title is None or title == text else f' title="{_esc(title)}"'
+    # Numbers line up on the right, names on the left.
+    align = "right" if text[:1].isdigit() else "left"
+    return f'<td style="{_CELL};text-align:{align}"{hover}>{_esc(text)}</td>'
 
 
 def _opt(value: float | None, fmt: str) -> str:
@@ -208,20 +207,32 @@ def utilization_html(snapshot: JobSnapshot) -> str:
 
 
 def checkpoints_html(snapshot: JobSnapshot) -> str:
-    """The committed checkpoints, newest first: step, attempt, size, how long the
-    training loop waited and when the checkpoint was durable, and where it is."""
+    """The committed checkpoints, newest first: step, when it was saved (a clock time,
+    which a page read later keeps right), attempt, size, how long the training loop
+    waited and when the checkpoint was durable, and where it is (the last two parts;
+    the whole path on hover).
+
+    Example:
+        >>> from air_sdk.schema import CheckpointCommit
+        >>> ck = CheckpointCommit(step=100, path="/srv/air/jobs/j/checkpoints/step-100",
+        ...     world_size=1, size_bytes=0, num_files=1, blocked_s=0, durable_s=0)
+        >>> page = checkpoints_html(JobSnapshot(job_id="j", checkpoints=[ck]))
+        >>> 'title="/srv/air/jobs/j/checkpoints/step-100">…/checkpoints/step-100<' in page
+        True
+    """
     if not snapshot.checkpoints:
         return ""
-    columns = ["step", "attempt", "size", "blocked", "durable after", "path"]
+    columns = ["step", "saved", "attempt", "size", "blocked", "durable after", "path"]
     shown = snapshot.checkpoints[-MAX_CHECKPOINT_ROWS:][::-1]
-    rows = [
+    rows: list[list[str | tuple[str, str]]] = [
         [
             f"{ck.step} (at the failure)" if ck.at_failure else str(ck.step),
+            "" if ck.committed_at is None else clock(ck.committed_at),
             str(ck.attempt),
             format_bytes(ck.size_bytes),
             f"{ck.blocked_s:.2f} s",
             f"{ck.durable_s:.2f} s",
-            _short_path(ck.path),
+            (_short_path(ck.path), ck.path),
         ]
         for ck in shown
     ]

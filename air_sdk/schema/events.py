@@ -312,6 +312,23 @@ class CheckpointCommit(_Payload):
         description="What wrote it when not air.checkpoint (air.checkpoint.record): "
         "'lightning', 'transformers', 'accelerate', ...",
     )
+    committed_at: float | None = Field(
+        default=None,
+        description="Unix time of the commit: its event's ts, set when the event log is read.",
+    )
+
+    def recorded_at(self, ts: float) -> CheckpointCommit:
+        """This record with its commit time: the ts of the event that carried it.
+
+        Example:
+            >>> c = CheckpointCommit(step=1, path="/c/1", world_size=1, size_bytes=0,
+            ...                      num_files=0, blocked_s=0, durable_s=0)
+            >>> c.recorded_at(1700000000.0).committed_at
+            1700000000.0
+        """
+        if self.committed_at is not None:
+            return self
+        return self.model_copy(update={"committed_at": ts})
 
 
 class CheckpointSkip(_Payload):

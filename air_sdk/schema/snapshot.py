@@ -191,7 +191,7 @@ class JobSnapshot(BaseModel):
                 for sample in batch.samples:
                     self.utilization[f"{sample.node}/{sample.device}"] = sample
             case CheckpointCommit() as commit:
-                self.checkpoints.append(commit)
+                self.checkpoints.append(commit.recorded_at(e.ts))
             case CheckpointSkip() as skip:
                 self.skipped_checkpoints.append(skip)
             case CheckpointRestore() as restore:

@@ -136,3 +136,44 @@ def test_a_second_client_attaching_to_a_running_job_sees_its_total(default_gatew
         assert "/400" in status.stdout, status.stdout
     finally:
         air(default_gateway, "cancel", job_id)
+
+
+CHECKPOINTED = """
+import os
+import air_sdk.runtime as air
+air.init()
+where = os.path.join(os.environ["AIR_CHECKPOINT_DIR"], "run-of-a-long-name", "step-3")
+os.makedirs(where, exist_ok=True)
+with open(os.path.join(where, "model.bin"), "wb") as f:
+    f.write(b"w" * 64)
+air.log(step=3, loss=0.5)
+air.checkpoint.record(where, step=3)
+air.shutdown()
+"""
+
+
+def test_checkpoints_say_when_they_were_saved_and_the_monitor_a_short_path(
+    default_gateway, tmp_path
+):
+    import time
+
+    from air_sdk.client import Client
+    from air_sdk.notebook.snapshot_html import checkpoints_html
+    from air_sdk.text import clock
+
+    (tmp_path / "ck.py").write_text(CHECKPOINTED)
+    before = time.time()
+    run = air(default_gateway, "submit", "ck.py", "--follow", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    job_id = json.loads(air(default_gateway, "jobs", "--json").stdout)[0]["id"]
+
+    listed = air(default_gateway, "checkpoints", job_id)
+    assert listed.returncode == 0, listed.stderr
+    assert "SAVED" in listed.stdout and " s ago)" in listed.stdout, listed.stdout
+    commit = Client(default_gateway.url, default_gateway.token).job(job_id).checkpoints().commits[0]
+    assert commit.committed_at is not None and before <= commit.committed_at <= time.time()
+
+    snapshot = Client(default_gateway.url, default_gateway.token).job(job_id).snapshot()
+    table = checkpoints_html(snapshot)
+    assert f">{clock(commit.committed_at)}<" in table  # the saved column
+    assert f'title="{commit.path}">…/run-of-a-long-name/step-3<' in table  # short, whole on hover
