@@ -64,6 +64,7 @@ def chart_key_of(snap: JobSnapshot, metric: str | None) -> tuple[Any, ...]:
         points[-1] if points else None,
         tuple(snap.restarts_at_step),
         len(snap.checkpoints),
+        snap.total_steps,
     )
 
 
@@ -106,6 +107,7 @@ def monitor_view(
                 "series": {metric: points} if metric is not None else {},
                 "restarts_at_step": list(snap.restarts_at_step),
                 "checkpoints": list(snap.checkpoints),
+                "total_steps": total,  # the chart's step axis runs to it
             }
         )
 
