@@ -19,7 +19,7 @@ DOCTEST_PATHS := air_sdk/schema air_sdk/scheduler air_sdk/bundle air_sdk/client 
 	air_sdk/notebook/job_views.py air_sdk/notebook/figures.py air_sdk/notebook/monitor_view.py air_sdk/notebook/submit.py \
 	air_sdk/notebook/function.py air_sdk/notebook/capture.py air_sdk/cli/_common.py \
 	air_sdk/cli/job_flags.py air_sdk/planner air_sdk/runner/node/sandbox.py \
-	air_sdk/cli/terminal_views.py air_sdk/cli/script_args.py air_sdk/text.py \
+	air_sdk/cli/terminal_views.py air_sdk/cli/bundle_progress.py air_sdk/cli/script_args.py air_sdk/text.py \
 	air_sdk/procs.py air_sdk/runner/node/_procs.py air_sdk/runner/node/plan.py \
 	air_sdk/runner/node/launch.py air_sdk/runner/retention.py air_sdk/runner/job_files.py
 

@@ -188,7 +188,7 @@ def submit(
 
     The job options are those of `Client.submit_script` (air_sdk/client/options.py).
     """
-    from air_sdk.cli.terminal_views import BundleProgress
+    from air_sdk.cli.bundle_progress import BundleProgress
 
     client = make_client(gateway)
     from air_sdk.client.client import default_workdir

@@ -13,8 +13,8 @@ import pytest
 from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import PNG_MAGIC, render_chart_png
 from air_sdk.notebook.snapshot_html import render_html, render_text
-from air_sdk.text import clock
 from air_sdk.schema import Event, JobSnapshot, JobState
+from air_sdk.text import clock
 
 JOB = "j-render"
 
