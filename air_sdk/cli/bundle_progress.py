@@ -1,5 +1,7 @@
-"""What the terminal shows while `air submit` bundles a work directory: a rich progress
-bar with bytes on a terminal, one line elsewhere (CI, pipes), nothing for a small tree.
+"""What the terminal shows while `air submit` bundles a work directory: while the tree
+is scanned, a spinner with the files and bytes found so far (on a terminal only); while
+it is packed, a rich progress bar with bytes on a terminal, one line elsewhere (CI,
+pipes); nothing for a small tree.
 
 Example:
     >>> from rich.console import Console
@@ -19,12 +21,15 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.status import Status
 
-__all__ = ["BUNDLE_PROGRESS_MIN_BYTES", "BundleProgress"]
+__all__ = ["BUNDLE_PROGRESS_MIN_BYTES", "SCAN_PROGRESS_MIN_FILES", "BundleProgress"]
 
 
 #: a bundle smaller than this packs in a blink: no progress is shown
 BUNDLE_PROGRESS_MIN_BYTES = 16 << 20
+#: a tree with fewer files (and bytes) is scanned in a blink: no spinner is shown
+SCAN_PROGRESS_MIN_FILES = 500
 
 
 class BundleProgress:
@@ -43,6 +48,28 @@ class BundleProgress:
         self._bar: Progress | None = None
         self._task: TaskID | None = None
         self._said = False
+        self._scanning: Status | None = None
+
+    def scanned(self, num_files: int, num_bytes: int) -> None:
+        """What the scan found so far, as `Client.submit_script(on_scan=...)` says it:
+        a spinner on a terminal once the tree is large (`SCAN_PROGRESS_MIN_FILES`
+        files, or 16 MiB); nothing in a pipe, where a line per report would be noise
+        (one line is said when packing starts)."""
+        if not self.console.is_terminal:
+            return
+        if num_files < SCAN_PROGRESS_MIN_FILES and num_bytes < BUNDLE_PROGRESS_MIN_BYTES:
+            return
+        text = f"scanning {self.what}: {num_files:,} files, {num_bytes / (1 << 20):.1f} MiB"
+        if self._scanning is None:
+            self._scanning = self.console.status(text)
+            self._scanning.start()
+        else:
+            self._scanning.update(text)
+
+    def _scan_done(self) -> None:
+        if self._scanning is not None:
+            self._scanning.stop()
+            self._scanning = None
 
     def __enter__(self) -> BundleProgress:
         return self
@@ -51,6 +78,7 @@ class BundleProgress:
         self.close()
 
     def __call__(self, done: int, total: int) -> None:
+        self._scan_done()  # packing has started
         if total < BUNDLE_PROGRESS_MIN_BYTES:
             return
         if not self.console.is_terminal:
@@ -76,6 +104,7 @@ class BundleProgress:
         self._bar.update(self._task, completed=done, total=total)
 
     def close(self) -> None:
+        self._scan_done()
         if self._bar is not None:
             self._bar.stop()
             self._bar = None

@@ -177,3 +177,36 @@ def test_checkpoints_say_when_they_were_saved_and_the_monitor_a_short_path(
     table = checkpoints_html(snapshot)
     assert f">{clock(commit.committed_at)}<" in table  # the saved column
     assert f'title="{commit.path}">…/run-of-a-long-name/step-3<' in table  # short, whole on hover
+
+
+def test_submit_on_a_terminal_shows_the_scan_of_a_large_tree(default_gateway, tmp_path):
+    import pty
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for i in range(1500):
+        folder = tmp_path / "data" / f"part-{i // 100:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"row-{i:05d}.txt").write_text(f"row {i}\n")
+    env = {**os.environ, "AIR_GATEWAY_URL": default_gateway.url, "AIR_TOKEN": default_gateway.token}
+    env.update(TERM="xterm-256color", AIR_BUNDLE_INDEX="0", COLUMNS="120")
+    env.pop("AIR_CONFIG_FILE", None)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [*AIR, "submit", "train.py"], cwd=tmp_path, env=env, stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the command ended
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")
+    assert b"scanning " in seen and b"1,501 files" in seen, seen.decode(errors="replace")
+
+    piped = air(default_gateway, "submit", "train.py", cwd=tmp_path)
+    assert piped.returncode == 0 and "scanning" not in piped.stdout + piped.stderr
