@@ -314,6 +314,8 @@ class CheckpointCommit(_Payload):
     )
     committed_at: float | None = Field(
         default=None,
+        # left out of the wire form when unset: a gateway from before it still takes it
+        exclude_if=lambda v: v is None,
         description="Unix time of the commit: its event's ts, set when the event log is read.",
     )
 

@@ -354,6 +354,8 @@ class JobSpec(_Frozen):
         None,
         ge=1,
         le=10**12,
+        # left out of the wire form when unset: a gateway from before it still takes the spec
+        exclude_if=lambda v: v is None,
         description="The run's length in steps, for every view's progress bar and ETA"
         " (a `total_steps` a rank logs with air.log wins); None: unknown.",
     )

@@ -182,7 +182,7 @@ def test_air_submit_flags_reach_the_spec(monkeypatch, tmp_path):
     result = CliRunner().invoke(cli.app, argv)
     assert result.exit_code == 0, result.output
     (options,) = calls
-    own = ("args", "progress")  # the script's arguments, the bundling progress display
+    own = ("args", "progress", "on_scan")  # the script's arguments, the bundling display
     assert {k: v for k, v in options.items() if k not in own and v is not None} == GIVEN
 
 

@@ -35,3 +35,9 @@ def test_steps_done_counts_a_zero_based_and_a_one_based_loop_alike():
         one.apply(metrics(i + 1, i + 1, loss=1.0))
     assert (zero.step, zero.steps_done) == (149, 150)
     assert (one.step, one.steps_done) == (150, 150)
+
+
+def test_an_unset_total_leaves_the_wire_form_as_before():
+    # a gateway from before the field (extra="forbid") still takes what this client sends
+    assert "total_steps" not in JobSpec(entrypoint="t.py").model_dump(mode="json")
+    assert JobSpec(entrypoint="t.py", total_steps=5).model_dump(mode="json")["total_steps"] == 5
