@@ -16,10 +16,10 @@ DOCTEST_PATHS := air_sdk/schema air_sdk/scheduler air_sdk/bundle air_sdk/client 
 	air_sdk/runner/accounting.py air_sdk/runner/machine.py air_sdk/runner/devices.py \
 	air_sdk/runner/node/activity.py air_sdk/runner/outputs.py air_sdk/runtime/_outputs.py \
 	air_sdk/runner/backends/ray_rules.py air_sdk/gateway/outputs.py air_sdk/notebook/snapshot_html.py \
-	air_sdk/notebook/job_views.py air_sdk/notebook/monitor_view.py air_sdk/notebook/submit.py \
+	air_sdk/notebook/job_views.py air_sdk/notebook/figures.py air_sdk/notebook/monitor_view.py air_sdk/notebook/submit.py \
 	air_sdk/notebook/function.py air_sdk/notebook/capture.py air_sdk/cli/_common.py \
 	air_sdk/cli/job_flags.py air_sdk/planner air_sdk/runner/node/sandbox.py \
-	air_sdk/cli/terminal_views.py air_sdk/cli/script_args.py air_sdk/text.py \
+	air_sdk/cli/terminal_views.py air_sdk/cli/bundle_progress.py air_sdk/cli/script_args.py air_sdk/text.py \
 	air_sdk/procs.py air_sdk/runner/node/_procs.py air_sdk/runner/node/plan.py \
 	air_sdk/runner/node/launch.py air_sdk/runner/node/limits.py air_sdk/runner/retention.py air_sdk/runner/job_files.py \
 	air_sdk/export/service.py \

@@ -1,5 +1,5 @@
-"""Words for numbers in what users read: `plural` ("1 slot", "2 slots") and
-`span` ("ranks 0-1"), and a rank's traceback in the user's terms (`user_traceback`).
+"""Words for numbers in what users read: `plural` ("1 slot", "2 slots"), `age`
+("12 s ago") and `span` ("ranks 0-1"), and a rank's traceback in the user's terms (`user_traceback`).
 Pure standard library, so every layer may use it.
 
 Example:
@@ -10,8 +10,9 @@ Example:
 from __future__ import annotations
 
 import re
+import time
 
-__all__ = ["plural", "span", "user_traceback"]
+__all__ = ["age", "clock", "plural", "span", "user_traceback"]
 
 
 def plural(count: int, noun: str, plural_form: str | None = None) -> str:
@@ -22,6 +23,40 @@ def plural(count: int, noun: str, plural_form: str | None = None) -> str:
         ('1 node', '0 restarts', '2 GPUs')
     """
     return f"{count} {noun if count == 1 else plural_form or noun + 's'}"
+
+
+def age(seconds: float) -> str:
+    """How long ago, in the largest whole unit: "12 s ago", "3 min ago", "1 day ago".
+
+    Example:
+        >>> age(12.4), age(185), age(7300), age(86400 * 2)
+        ('12 s ago', '3 min ago', '2 h ago', '2 days ago')
+    """
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s} s ago"
+    if s < 3600:
+        return f"{s // 60} min ago"
+    if s < 86400:
+        return f"{s // 3600} h ago"
+    return f"{plural(s // 86400, 'day')} ago"
+
+
+def clock(ts: float, now: float | None = None) -> str:
+    """A moment in local time: "14:03:12" today, "2026-11-30 14:03" another day (a time
+    that stays right when the page showing it is read later, unlike "12 s ago").
+
+    Example:
+        >>> clock(time.mktime((2026, 12, 2, 14, 3, 12, 0, 0, -1)), now=time.mktime((2026, 12, 2, 18, 0, 0, 0, 0, -1)))
+        '14:03:12'
+        >>> clock(time.mktime((2026, 11, 30, 14, 3, 12, 0, 0, -1)), now=time.mktime((2026, 12, 2, 18, 0, 0, 0, 0, -1)))
+        '2026-11-30 14:03'
+    """
+    when = time.localtime(ts)
+    today = time.localtime(time.time() if now is None else now)
+    if when[:3] == today[:3]:
+        return time.strftime("%H:%M:%S", when)
+    return time.strftime("%Y-%m-%d %H:%M", when)
 
 
 def span(noun: str, count: int) -> str:

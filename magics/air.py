@@ -39,6 +39,7 @@ from air_sdk.client.options import CELL_OPTIONS, JobOption
 from air_sdk.errors import AirError, CellCaptureError, SpecError
 from air_sdk.notebook.job_views import JobsTable, gateway_status_text, job_status_text
 from air_sdk.schema.state import JobState
+from air_sdk.text import plural
 
 if TYPE_CHECKING:
     from air_sdk.client import Client, Job
@@ -57,7 +58,7 @@ _OPTION_COMMANDS: dict[str, tuple[str, ...]] = {
     "files": ("train",),
     "max_value_mib": ("train",),
     "wait": ("train",),
-    "total_steps": ("train", "attach"),
+    "total_steps": ("train", "attach"),  # a job option; attach's monitor takes it too
     "nodes": ("train", "gateway"),
     "slots_per_node": ("gateway",),
     "port": ("gateway",),
@@ -217,12 +218,6 @@ class AirMagics(Magics):
         type=_count(1),
         metavar="MIB",
         help="Largest notebook value that may travel with the cell, pickled (default 64).",
-    )
-    @argument(
-        "--total-steps",
-        type=_count(1),
-        metavar="N",
-        help="Steps of the run, for the monitor's progress bar and ETA (also for attach).",
     )
     @argument(
         "--wait",
@@ -464,10 +459,10 @@ def _check_shape(running: Any, args: argparse.Namespace, home: Path) -> None:
     slots = sorted({n.slots for n in nodes})
     wrong = []
     if args.nodes is not None and args.nodes != len(nodes):
-        wrong.append(f"{len(nodes)} virtual node{'s' * (len(nodes) != 1)}, not {args.nodes}")
+        wrong.append(f"{plural(len(nodes), 'virtual node')}, not {args.nodes}")
     if args.slots_per_node is not None and slots != [args.slots_per_node]:
-        have = "/".join(map(str, slots))
-        wrong.append(f"{have} slot{'s' * (have != '1')} per node, not {args.slots_per_node}")
+        have = plural(slots[0], "slot") if len(slots) == 1 else "/".join(map(str, slots)) + " slots"
+        wrong.append(f"{have} per node, not {args.slots_per_node}")
     if wrong:
         stop = (
             "%air gateway stop"

@@ -31,7 +31,15 @@ from air_sdk.bundle.unpack import (
 )
 from air_sdk.errors import BundleError, BundleTooLargeError, UnsafeBundleError
 
-__all__ = ["DEFAULT_IGNORES", "Bundle", "Scan", "pack_directory", "pack_scan", "scan_directory"]
+__all__ = [
+    "DEFAULT_IGNORES",
+    "SCAN_REPORT_EVERY",
+    "Bundle",
+    "Scan",
+    "pack_directory",
+    "pack_scan",
+    "scan_directory",
+]
 
 #: Always left out, whatever the ignore files say.
 DEFAULT_IGNORES: tuple[str, ...] = (
@@ -50,6 +58,8 @@ _DEFAULT_PATTERNS: _Patterns = pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES
 # Stop stat-ing a runaway tree (a dataset, node_modules) well past the limit:
 # enough to say where the files are, without walking millions of them.
 _WALK_CAP_FACTOR = 10
+#: how often (in files found) scanning a tree reports its progress
+SCAN_REPORT_EVERY = 500
 _GZIP_LEVEL = 6
 #: how often packing a large file reports its progress
 _HEARD_EVERY = 4 << 20
@@ -122,14 +132,17 @@ def scan_directory(
     extra_files: Mapping[str, bytes] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_files: int = DEFAULT_MAX_FILES,
+    on_scan: Callable[[int, int], None] | None = None,
 ) -> Scan:
     """The files `pack_directory(root, ...)` would pack, checked against the limits
-    (the same errors), by stat alone."""
+    (the same errors), by stat alone. `on_scan(files, bytes)` hears what was found so
+    far every `SCAN_REPORT_EVERY` files and once at the end (a large tree takes a
+    while to walk: a view can say so before packing starts)."""
     root = Path(root)
     if not root.is_dir():
         raise BundleError(f"cannot pack {str(root)!r}: it is not a directory")
     extras = _checked_extra_files(extra_files or {})
-    walked, truncated = _walk(root, walk_cap=max_files * _WALK_CAP_FACTOR)
+    walked, truncated = _walk(root, walk_cap=max_files * _WALK_CAP_FACTOR, on_scan=on_scan)
     by_name = {entry.name: entry for entry in walked}
     for name, content in extras.items():
         by_name[name] = _Entry(name, None, len(content), executable=False)
@@ -202,8 +215,12 @@ def pack_directory(
 # -- walking -------------------------------------------------------------------------------
 
 
-def _walk(root: Path, *, walk_cap: int) -> tuple[list[_Entry], bool]:
-    """Stat (never read) every file to keep; True when the walk stopped at `walk_cap`."""
+def _walk(
+    root: Path, *, walk_cap: int, on_scan: Callable[[int, int], None] | None = None
+) -> tuple[list[_Entry], bool]:
+    """Stat (never read) every file to keep; True when the walk stopped at `walk_cap`.
+    `on_scan(files, bytes)` hears the count every `SCAN_REPORT_EVERY` files and at the end."""
+    found_bytes = 0
     real_root = os.path.realpath(root)
     airignore = _read_patterns(root / ".airignore", ".airignore")
     root_gitignore = (("", _read_patterns(root / ".gitignore", ".gitignore")),)
@@ -235,9 +252,14 @@ def _walk(root: Path, *, walk_cap: int) -> tuple[list[_Entry], bool]:
                 st = item.stat(follow_symlinks=False)
                 entry = _Entry(rel, item.path, st.st_size, _is_exec(st), st.st_mtime_ns)
                 entries.append(_named_ok(entry))
+                found_bytes += st.st_size
+                if on_scan is not None and len(entries) % SCAN_REPORT_EVERY == 0:
+                    on_scan(len(entries), found_bytes)
             # Anything else (fifo, socket, device) is not job code: leave it out.
             if len(entries) > walk_cap:
                 return entries, True
+    if on_scan is not None:
+        on_scan(len(entries), found_bytes)
     return entries, False
 
 

@@ -16,6 +16,7 @@ inside `export`.
 from __future__ import annotations
 
 import os
+import time
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -30,6 +31,7 @@ from air_sdk.cli._common import (
     handle_errors,
     print_table,
 )
+from air_sdk.text import age, clock
 
 if TYPE_CHECKING:
     from typer._click.core import Context  # typer vendors click; its groups take this one
@@ -89,10 +91,13 @@ def list_checkpoints(
     if not found.commits:
         console.print("no committed checkpoints yet")
     else:
-        table = Table("STEP", "ATTEMPT", "SIZE", "BLOCKED", "DURABLE AFTER", "PATH")
+        table = Table("STEP", "SAVED", "ATTEMPT", "SIZE", "BLOCKED", "DURABLE AFTER", "PATH")
+        now = time.time()
         for c in found.commits:
+            saved = "" if c.committed_at is None else clock(c.committed_at, now)
             table.add_row(
                 f"{c.step} (at the failure)" if c.at_failure else str(c.step),
+                f"{saved} ({age(now - c.committed_at)})" if c.committed_at is not None else "",
                 str(c.attempt),
                 f"{c.size_bytes / 2**20:.1f} MiB",
                 f"{c.blocked_s:.2f} s",

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from air_sdk.cli._common import EXIT_INTERRUPTED, console, err_console
 from air_sdk.config import DEFAULT_PORT
 from air_sdk.errors import AuthError, SpecError, TransportError
+from air_sdk.text import plural
 
 if TYPE_CHECKING:
     from air_sdk.client import Client
@@ -63,7 +64,8 @@ def run_demo(make_client: ClientFactory, *, gateway: str | None, nodes: int, ste
                 name="demo",
             )
         console.print(
-            f"submitted [bold]{job.id}[/]: {nodes} nodes x 1 process, {steps} steps"
+            f"submitted [bold]{job.id}[/]: {plural(nodes, 'node')} x 1 process,"
+            f" {plural(steps, 'step')}"
             f" on {client.gateway_url}",
             soft_wrap=True,
         )
@@ -117,7 +119,7 @@ def _connect(
     port = url.port or DEFAULT_PORT
     fields: dict[str, Any] = {"port": port} if port_is_free("127.0.0.1", port) else {}
     opts = GatewayOptions(num_nodes=max(2, nodes), write_client_config=False, **fields)
-    with console.status(f"{why}; starting one with {opts.num_nodes} nodes"):
+    with console.status(f"{why}; starting one with {plural(opts.num_nodes, 'node')}"):
         proc = start_detached(opts)
     console.print(f"{why}: started a gateway at {proc.url} (log: {proc.log_path})", soft_wrap=True)
     return make_client(proc.url, proc.token), opts.home
@@ -127,7 +129,7 @@ def _check_capacity(client: Client, nodes: int, *, started: bool) -> None:
     num_nodes = len(client.inventory().nodes)
     if num_nodes < nodes and not started:
         raise SpecError(
-            f"the gateway at {client.gateway_url} has {num_nodes} nodes; the demo asked for"
+            f"the gateway at {client.gateway_url} has {plural(num_nodes, 'node')}; the demo asked for"
             f" {nodes}: run `air demo --nodes {num_nodes}`, or restart the gateway with"
             f" `air gateway start --nodes {nodes}`"
         )

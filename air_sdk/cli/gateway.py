@@ -161,7 +161,7 @@ def start(
         err_console.print(f"[yellow]{escape(proc.port_note)}[/]", soft_wrap=True)
     custom_home = opts.home != air_home()
     console.print(
-        f"gateway running at [bold]{proc.url}[/] (pid {proc.pid}, {opts.num_nodes} nodes)\n"
+        f"gateway running at [bold]{proc.url}[/] (pid {proc.pid}, {plural(opts.num_nodes, 'node')})\n"
         f"  log:  {proc.log_path}\n  stop: air gateway stop"
         + (f" --home {opts.home}" if custom_home else ""),
         soft_wrap=True,
@@ -247,10 +247,10 @@ def status(home: HomeOption = None, gateway: GatewayOption = None) -> None:
         console.print(f"[yellow]cannot list nodes: {escape(str(exc))}[/]", soft_wrap=True)
         return
     for node in inventory.nodes:
-        gpus = f", {len(node.gpus)} GPUs" if node.gpus else ""
+        gpus = f", {plural(len(node.gpus), 'GPU')}" if node.gpus else ""
         health_note = "" if node.healthy else " [red](unhealthy)[/]"
         jobs = f"  jobs: {', '.join(node.jobs)}" if node.jobs else ""
         console.print(
-            f"  {node.name}: {node.used_slots}/{node.slots} slots{gpus}{health_note}{jobs}",
+            f"  {node.name}: {node.used_slots}/{plural(node.slots, 'slot')}{gpus}{health_note}{jobs}",
             soft_wrap=True,
         )

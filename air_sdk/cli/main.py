@@ -193,7 +193,7 @@ def submit(
 
     The job options are those of `Client.submit_script` (air_sdk/client/options.py).
     """
-    from air_sdk.cli.terminal_views import BundleProgress
+    from air_sdk.cli.bundle_progress import BundleProgress
 
     client = make_client(gateway)
     from air_sdk.client.client import default_workdir
@@ -201,7 +201,13 @@ def submit(
     what = str(options.get("workdir") or default_workdir(script))
     with BundleProgress(err_console, what) as progress:
         try:
-            job = client.submit_script(script, args=list(args or ()), progress=progress, **options)
+            job = client.submit_script(
+                script,
+                args=list(args or ()),
+                progress=progress,
+                on_scan=progress.scanned,
+                **options,
+            )
         except SpecError as exc:  # said in the flags typed, not the spec's field names
             raise SpecError(flag_message(exc)) from exc.__cause__
     typer.echo(job.id)

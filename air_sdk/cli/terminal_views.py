@@ -16,15 +16,6 @@ from typing import TYPE_CHECKING, Literal
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
@@ -32,7 +23,13 @@ from air_sdk.cli.act_on import goodput_text, hang_lines
 from air_sdk.schema.api import JobRecord, MetricRow
 from air_sdk.schema.events import EventType, ExportStatus, LogBatch
 from air_sdk.schema.numbers import format_value
-from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, loss_name, metric_order
+from air_sdk.schema.snapshot import (
+    DERIVED_METRICS,
+    TOTAL_STEPS_METRIC,
+    JobSnapshot,
+    loss_name,
+    metric_order,
+)
 from air_sdk.schema.state import JobState
 from air_sdk.text import plural, user_traceback
 
@@ -40,9 +37,7 @@ if TYPE_CHECKING:
     from air_sdk.client.job import Job
 
 __all__ = [
-    "BUNDLE_PROGRESS_MIN_BYTES",
     "STATE_WIDTH",
-    "BundleProgress",
     "LogRanks",
     "ProgressView",
     "attempt_text",
@@ -272,8 +267,13 @@ def progress_metrics(snapshot: JobSnapshot) -> str:
     `step 120  loss 0.031  45.1 steps/s  1.23M tokens/s  MFU 41.2%` ("" before any)."""
     if snapshot.step is None:
         return ""
-    pieces = [f"step {snapshot.step}"]
-    logged = {k: v for k, v in snapshot.latest.items() if k not in DERIVED_METRICS}
+    total = snapshot.total_steps
+    pieces = [f"step {snapshot.steps_done}" + (f"/{total}" if total else "")]
+    logged = {
+        k: v
+        for k, v in snapshot.latest.items()
+        if k not in DERIVED_METRICS and k != TOTAL_STEPS_METRIC  # the total is shown above
+    }
     for name, value in _ordered_metrics(logged)[:MAX_SHOWN_METRICS]:
         pieces.append(f"{name} {_fmt(value)}")
     rate = snapshot.steps_per_second
@@ -390,7 +390,7 @@ def summary_table(record: JobRecord, snapshot: JobSnapshot) -> Group:
     if snapshot.step is None:  # no air.log step: say what is known, not rows of dashes
         rows.append(("run", outcome_line(record)))
     else:
-        rows.append(("steps", str(snapshot.step)))
+        rows.append(("steps", str(snapshot.steps_done)))  # a count, not the last index
         if loss is not None:
             rows.append(("final loss", _fmt(loss)))
         if rate is not None:
@@ -485,7 +485,7 @@ def watch(
     Example:
         >>> snapshot, record = watch(client.job("train-5d41402a"), console)  # doctest: +SKIP
     """
-    snapshot = JobSnapshot(job_id=job.id)
+    snapshot = job.new_snapshot()
     with ProgressView(console) as view:
         view.update(snapshot)
         for event in job.follow(after=0):
@@ -534,61 +534,3 @@ def exit_code_of(state: JobState) -> int:
         (0, 1)
     """
     return 0 if state is JobState.SUCCEEDED else 1
-
-
-#: a bundle smaller than this packs in a blink: no progress is shown
-BUNDLE_PROGRESS_MIN_BYTES = 16 << 20
-
-
-class BundleProgress:
-    """What the terminal shows while a large workdir is bundled: a rich progress bar
-    with bytes on a terminal, one line elsewhere; nothing for a small one. Call it with
-    (done, total) bytes, as `Client.submit_script(progress=...)` does; `close()` at the end.
-
-    Example:
-        >>> with BundleProgress(console, "train/") as progress:  # doctest: +SKIP
-        ...     job = client.submit_script("train.py", progress=progress)
-    """
-
-    def __init__(self, console: Console, what: str) -> None:
-        self.console = console
-        self.what = what
-        self._bar: Progress | None = None
-        self._task: TaskID | None = None
-        self._said = False
-
-    def __enter__(self) -> BundleProgress:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __call__(self, done: int, total: int) -> None:
-        if total < BUNDLE_PROGRESS_MIN_BYTES:
-            return
-        if not self.console.is_terminal:
-            if not self._said:
-                self._said = True
-                self.console.print(
-                    f"bundling {self.what}: {total / (1 << 20):.1f} MiB", soft_wrap=True
-                )
-            return
-        if self._bar is None:
-            self._bar = Progress(
-                TextColumn("bundling {task.description}"),
-                BarColumn(),
-                DownloadColumn(binary_units=True),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=self.console,
-                transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task(self.what, total=total)
-        assert self._task is not None
-        self._bar.update(self._task, completed=done, total=total)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None

@@ -267,6 +267,7 @@ class Client:
         idempotency_key: str | None = None,
         extra_files: Mapping[str, bytes] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        on_scan: Callable[[int, int], None] | None = None,
     ) -> Job:
         """Upload the code (if any) and submit `spec`; returns at once with a `Job`.
 
@@ -276,7 +277,8 @@ class Client:
         without a workdir, the bundle holds only them. One Idempotency-Key is used
         for all retries of this call, so a retried POST never makes two jobs.
         `progress(done, total)` hears the bytes packed so far while the workdir is
-        bundled (for a progress bar).
+        bundled (for a progress bar); before that, `on_scan(files, bytes)` hears what
+        the scan of the workdir found so far (a large tree takes a while to walk).
 
         Example:
             >>> spec = JobSpec(name="mnist", entrypoint="train.py", resources={"nodes": 2})
@@ -305,7 +307,7 @@ class Client:
                         f"entrypoint {spec.entrypoint!r} not found: looked for {script.resolve()};"
                         " pass workdir= the directory that holds it"
                     )
-            sha256 = self._bundle_of(root, extra_files, progress)
+            sha256 = self._bundle_of(root, extra_files, progress, on_scan)
             spec = spec.model_copy(update={"bundle_sha256": sha256})
         record = self._http.request(
             "POST",
@@ -321,6 +323,7 @@ class Client:
         *,
         args: Sequence[str] = (),
         progress: Callable[[int, int], None] | None = None,
+        on_scan: Callable[[int, int], None] | None = None,
         **options: Unpack[JobOptions],
     ) -> Job:
         """Run a torchrun-style script (or, with `module=`, `python -m MODULE`) on
@@ -332,8 +335,8 @@ class Client:
         priority, accelerator, the mesh sizes dp_replicate, dp_shard, tp, pp, cp,
         module and workdir. The bundle is
         `workdir`: by default the current directory when the script is inside it
-        (or for a module), else the script's own directory; `progress` is
-        `submit`'s.
+        (or for a module), else the script's own directory; `progress` and `on_scan`
+        are `submit`'s.
 
         Example:
             >>> job = Client().submit_script("train.py", nodes=2, args=["--lr", "0.1"])  # doctest: +SKIP
@@ -352,7 +355,12 @@ class Client:
                 )
             root = cwd if workdir is None else Path(workdir).expanduser().resolve()
             fields.setdefault("name", _default_name(Path(f"{module}.py")))  # "pkg.train"
-            return self.submit(job_spec(args=list(args), **fields), workdir=root, progress=progress)
+            return self.submit(
+                job_spec(args=list(args), **fields),
+                workdir=root,
+                progress=progress,
+                on_scan=on_scan,
+            )
         if script is None:
             raise SpecError("give a script to run (or module= to run `python -m MODULE`)")
         script_path = Path(script).expanduser().resolve()
@@ -372,20 +380,22 @@ class Client:
         spec = job_spec(
             entrypoint=script_path.relative_to(root).as_posix(), args=list(args), **fields
         )
-        return self.submit(spec, workdir=root, progress=progress)
+        return self.submit(spec, workdir=root, progress=progress, on_scan=on_scan)
 
     def _bundle_of(
         self,
         root: Path,
         extra_files: Mapping[str, bytes] | None,
         progress: Callable[[int, int], None] | None,
+        on_scan: Callable[[int, int], None] | None = None,
     ) -> str:
         """The sha256 of `root`'s bundle, on the gateway: an unchanged tree (by its
         scan's fingerprint) whose bundle the gateway has is neither packed nor sent."""
         from air_sdk.bundle import pack_scan, scan_directory
         from air_sdk.client.bundle_index import BundleIndex
 
-        scan = scan_directory(root, extra_files=extra_files)  # BundleError before sending
+        # BundleError before sending
+        scan = scan_directory(root, extra_files=extra_files, on_scan=on_scan)
         index = BundleIndex.default()
         known = index.get(scan.fingerprint) if index is not None else None
         if known is not None and self.has_bundle(known):

@@ -230,6 +230,18 @@ class Job:
             params["type"] = [EventType(t).value for t in types]
         return self.client._get(f"{self._path}/events", EventPage, params)
 
+    def new_snapshot(self) -> JobSnapshot:
+        """An empty snapshot to fold this job's events into, knowing what the events do
+        not say: the run's length from the spec (`total_steps`, for a reader that
+        attaches to a job submitted elsewhere). Folding a rank's logged total replaces it.
+
+        Example:
+            >>> job.new_snapshot().total_steps  # doctest: +SKIP
+            150
+        """
+        record = self._record if self._record is not None else self.record()
+        return JobSnapshot(job_id=self.id, total_steps=record.spec.total_steps)
+
     def snapshot(self) -> JobSnapshot:
         """The fold of the whole event log: state, step, latest metrics, log tails.
 
@@ -237,7 +249,7 @@ class Job:
             >>> job.snapshot().latest.get("loss")  # doctest: +SKIP
             0.0123
         """
-        snap = JobSnapshot(job_id=self.id)
+        snap = self.new_snapshot()
         while True:
             before = snap.last_seq
             for event in self.events(after=before).events:

@@ -164,6 +164,17 @@ class JobOptions(TypedDict, total=False):
             " `air.checkpoint.due(step)` is true every STEPS steps.",
         ),
     ]
+    total_steps: Annotated[
+        int | None,
+        Option(
+            spec="total_steps",
+            metavar="N",
+            minimum=1,
+            help="Steps of the run, for the progress bar and ETA of every view (the"
+            " monitor, --follow, a later attach); `air.log(..., total_steps=N)` from a"
+            " rank wins.",
+        ),
+    ]
     checkpoint_dir: Annotated[
         str | None,
         Option(

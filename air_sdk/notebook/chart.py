@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 from typing import Any
 
 try:
@@ -27,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from air_sdk.schema.snapshot import JobSnapshot
 
-__all__ = ["PNG_MAGIC", "render_chart_png"]
+__all__ = ["PNG_MAGIC", "ChartLimits", "chart_limits", "render_chart_png"]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _DPI = 100
@@ -36,6 +37,75 @@ _RESTART = "#d97706"
 _CHECKPOINT = "#15803d"
 _NON_FINITE = "#dc2626"
 _MARGIN_LEFT_PX, _MARGIN_RIGHT_PX, _MARGIN_BOTTOM_PX, _MARGIN_TOP_PX = 62, 12, 38, 10
+#: room above and below the values, as a part of their span
+_Y_PAD = 0.05
+#: a loss spanning more than this factor is drawn on a log scale
+_LOG_SPAN = 100
+
+
+@dataclass(frozen=True)
+class ChartLimits:
+    """The axes of a chart: step range, value range and whether values are on a log scale."""
+
+    x: tuple[float, float]
+    y: tuple[float, float]
+    log: bool
+
+
+def chart_limits(
+    points: list[tuple[int, float]], total_steps: int | None = None
+) -> ChartLimits | None:
+    """The axes for `points` (step, value), chosen so the chart does not jump as points
+    arrive: the step axis runs from the first step to the run's length when it is known,
+    else to the next round number (1, 2 or 5 x 10^k) past the last step, so it grows a
+    few times in a run, not with every point; the value axis spans every finite value
+    seen, with a margin of a twentieth of their span or largest magnitude: it only
+    widens, smoothly, as a new extreme arrives. None without a finite value.
+
+    Example:
+        >>> chart_limits([(0, 2.0), (10, 1.0)], total_steps=150)
+        ChartLimits(x=(0, 150), y=(0.9, 2.1), log=False)
+        >>> chart_limits([(0, 2.0), (130, 1.0)]).x
+        (0, 200)
+    """
+    finite = [(s, v) for s, v in points if math.isfinite(v)]
+    if not finite:
+        return None
+    steps = [s for s, _ in points]
+    first, last = min(steps), max(steps)
+    if total_steps is not None and total_steps > last:
+        x_hi: float = total_steps
+    else:
+        x_hi = _round_up(last)
+    if x_hi <= first:
+        x_hi = first + 1
+    low, high = min(v for _, v in finite), max(v for _, v in finite)
+    log = low > 0 and high / low > _LOG_SPAN
+    if log:  # the margin in decades, so it is the same on the screen
+        pad = (math.log10(high) - math.log10(low)) * _Y_PAD
+        y = (low / 10**pad, high * 10**pad)
+    else:
+        # Neither the span nor the largest magnitude ever shrinks as points arrive, so
+        # neither does the margin: the limits only move outwards.
+        pad = max(high - low, abs(low), abs(high)) * _Y_PAD or _Y_PAD
+        y = (round(low - pad, 12), round(high + pad, 12))
+    return ChartLimits(x=(first, x_hi), y=y, log=log)
+
+
+def _round_up(step: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... that is at least `step`.
+
+    Example:
+        >>> [_round_up(n) for n in (0, 1, 3, 7, 149, 150, 201)]
+        [1, 1, 5, 10, 200, 200, 500]
+    """
+    if step <= 1:
+        return 1
+    scale = 10 ** math.floor(math.log10(step))
+    for factor in (1, 2, 5, 10):
+        if factor * scale >= step:
+            return factor * scale
+    raise AssertionError("unreachable")
 
 
 def render_chart_png(
@@ -47,6 +117,8 @@ def render_chart_png(
     checkpoints (`snapshot.checkpoints`) are small triangles
     on the step axis. NaN and infinite values are gaps in the line with a red cross
     at the top of their step. A loss spanning more than two decades gets a log scale.
+    The axes are `chart_limits` of the points and `snapshot.total_steps`: they do not
+    jump as points arrive.
     The metric's name is drawn literally (a "$" in it is a dollar sign, not mathtext).
 
     Example:
@@ -73,9 +145,12 @@ def render_chart_png(
     if non_finite_steps:  # at the top
         _step_marks(axes, non_finite_steps, 0.97, "x", _NON_FINITE, "nan/inf")
 
-    finite = [v for v in values if not math.isnan(v)]
-    if finite and min(finite) > 0 and max(finite) / min(finite) > 100:
-        axes.set_yscale("log")
+    limits = chart_limits(points, snapshot.total_steps)
+    if limits is not None:
+        if limits.log:
+            axes.set_yscale("log")
+        axes.set_ylim(*limits.y)
+        axes.set_xlim(*limits.x)
 
     for i, step in enumerate(snapshot.restarts_at_step):
         axes.axvline(

@@ -112,11 +112,11 @@ def gateway_status_text(client: Client, pid: int | None) -> str:
         lines.append(f"  cannot list nodes: {exc}")
         return "\n".join(lines)
     for node in inventory.nodes:
-        gpus = f", {len(node.gpus)} GPUs" if node.gpus else ""
+        gpus = f", {plural(len(node.gpus), 'GPU')}" if node.gpus else ""
         jobs = f"  jobs: {', '.join(node.jobs)}" if node.jobs else ""
         health_note = "" if node.healthy else " (unhealthy)"
         lines.append(
-            f"  {node.name}: {node.used_slots}/{node.slots} slots{gpus}{health_note}{jobs}"
+            f"  {node.name}: {node.used_slots}/{plural(node.slots, 'slot')}{gpus}{health_note}{jobs}"
         )
     return "\n".join(lines)
 

@@ -64,6 +64,7 @@ def chart_key_of(snap: JobSnapshot, metric: str | None) -> tuple[Any, ...]:
         points[-1] if points else None,
         tuple(snap.restarts_at_step),
         len(snap.checkpoints),
+        snap.total_steps,
     )
 
 
@@ -92,7 +93,7 @@ def monitor_view(
     if snap.state is JobState.SUCCEEDED:
         progress_value = progress_max  # done is done, whatever the last logged step
     elif total is not None:
-        progress_value = min(snap.step or 0, total)
+        progress_value = min(snap.steps_done or 0, total)
     else:
         progress_value = 0
 
@@ -106,6 +107,7 @@ def monitor_view(
                 "series": {metric: points} if metric is not None else {},
                 "restarts_at_step": list(snap.restarts_at_step),
                 "checkpoints": list(snap.checkpoints),
+                "total_steps": total,  # the chart's step axis runs to it
             }
         )
 

@@ -1,4 +1,6 @@
 """JobSnapshot -> HTML fragment and plain text: what the monitor shows, as pure functions.
+The numbers in them (formats, the total, the ETA, throughput) are `figures.py`'s,
+re-exported here.
 
 Nothing here draws a widget, makes a request or imports matplotlib: the live
 monitor (`monitor.py`) puts these fragments into its widgets, and the same
@@ -18,13 +20,25 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Iterable, Sequence
 
+from air_sdk.notebook.figures import (
+    default_metric,
+    eta_seconds,
+    format_bytes,
+    format_duration,
+    format_number,
+    format_rate,
+    metric_names,
+    mfu,
+    progress_text,
+    resolve_total_steps,
+    throughput,
+)
 from air_sdk.notebook.job_views import failure_text
 from air_sdk.schema.snapshot import DERIVED_METRICS, JobSnapshot, metric_order
 from air_sdk.schema.state import JobState
-from air_sdk.text import user_traceback
+from air_sdk.text import clock, plural, user_traceback
 
 __all__ = [
     "DEFAULT_LOG_LINES",
@@ -59,8 +73,6 @@ MAX_CHECKPOINT_ROWS = 10
 MAX_LOG_RANKS = 8
 #: latest metric values shown beside the throughput
 MAX_SHOWN_METRICS = 12
-#: the scalar a training script may log to tell the monitor how many steps it will run
-TOTAL_STEPS_METRIC = "total_steps"
 
 _STATE_COLOURS = {
     JobState.QUEUED: "#6b7280",
@@ -95,164 +107,6 @@ def escape(value: object) -> str:
 _esc = escape
 
 
-# -- numbers -------------------------------------------------------------------
-
-
-def format_number(value: float) -> str:
-    """A metric value: 4 significant digits, k/M/G/T/P for large magnitudes.
-
-    Example:
-        >>> format_number(0.012345), format_number(74740.0), format_number(3.2e12)
-        ('0.01235', '74.74k', '3.2T')
-    """
-    if math.isnan(value) or math.isinf(value):
-        return str(value)
-    size = abs(value)
-    for suffix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if size >= scale:
-            return f"{value / scale:.4g}{suffix}"
-    return f"{value:.4g}"
-
-
-def format_bytes(num_bytes: float) -> str:
-    """A size in binary units.
-
-    Example:
-        >>> format_bytes(3 * 1024**3)
-        '3.0 GiB'
-    """
-    size = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
-def format_duration(seconds: float) -> str:
-    """A duration for an ETA: 42s, 3m 05s, 1h 02m, 2d 03h.
-
-    Example:
-        >>> format_duration(185), format_duration(3725)
-        ('3m 05s', '1h 02m')
-    """
-    total = max(int(round(seconds)), 0)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
-
-
-def format_rate(steps_per_s: float | None) -> str:
-    """Steps per second, or seconds per step when a step takes longer than one.
-
-    Example:
-        >>> format_rate(45.06), format_rate(0.25), format_rate(None)
-        ('45.1 steps/s', '4.0 s/step', '')
-    """
-    if steps_per_s is None or steps_per_s <= 0 or not math.isfinite(steps_per_s):
-        return ""
-    if steps_per_s < 1:
-        return f"{1 / steps_per_s:.1f} s/step"
-    return f"{steps_per_s:.1f} steps/s"
-
-
-# -- derived values ------------------------------------------------------------
-
-
-def resolve_total_steps(snapshot: JobSnapshot, total_steps: int | None = None) -> int | None:
-    """The run's length: the monitor's `total_steps=` option, else a logged `total_steps`.
-
-    Example:
-        >>> resolve_total_steps(JobSnapshot(job_id="j"), 500)
-        500
-    """
-    if total_steps is not None:
-        return total_steps
-    logged = snapshot.latest.get(TOTAL_STEPS_METRIC)
-    if logged is None or not math.isfinite(logged) or logged < 1:
-        return None
-    return int(logged)
-
-
-def eta_seconds(snapshot: JobSnapshot, total_steps: int | None = None) -> float | None:
-    """Seconds left at the average rate so far; None without a known total or a rate.
-
-    Example:
-        >>> eta_seconds(JobSnapshot(job_id="j"), 100) is None  # no steps yet
-        True
-    """
-    total = resolve_total_steps(snapshot, total_steps)
-    rate = snapshot.steps_per_second
-    if total is None or rate is None or rate <= 0 or snapshot.step is None:
-        return None
-    if snapshot.state.terminal:
-        return None
-    return max(total - snapshot.step, 0) / rate
-
-
-def throughput(snapshot: JobSnapshot) -> list[tuple[str, float]]:
-    """Samples and tokens per second. Tokens/s is what the worker runtime derives from
-    `air.log(..., tokens=N)` for the whole job (`tokens_per_s`); samples/s is logged
-    directly (`samples_per_s`) or per step (`samples`) times steps per second.
-
-    Example:
-        >>> snap = JobSnapshot(job_id="j", latest={"tokens_per_s": 5e4})
-        >>> throughput(snap)
-        [('tokens/s', 50000.0)]
-    """
-    rate = snapshot.steps_per_second
-    found: list[tuple[str, float]] = []
-    samples = snapshot.latest.get("samples_per_s")
-    per_step = snapshot.latest.get("samples")
-    if samples is None and per_step is not None and rate is not None:
-        samples = per_step * rate
-    if samples is not None:
-        found.append(("samples/s", samples))
-    # `tokens` is per rank: only the runtime, which knows the data-parallel size, scales it
-    if snapshot.tokens_per_s is not None:
-        found.append(("tokens/s", snapshot.tokens_per_s))
-    return found
-
-
-def mfu(snapshot: JobSnapshot) -> float | None:
-    """Model FLOPs utilization, 0..1, as the worker runtime measured it from
-    `air.log(..., tokens=N)` (None on CPU or before it is known).
-
-    Example:
-        >>> mfu(JobSnapshot(job_id="j", latest={"mfu": 0.4}))
-        0.4
-    """
-    return snapshot.mfu
-
-
-def metric_names(snapshot: JobSnapshot) -> list[str]:
-    """Charted metric names: losses first ("loss", then "train_loss"-like), then the rest.
-
-    Example:
-        >>> metric_names(JobSnapshot(job_id="j", series={"lr": [], "loss": []}))
-        ['loss', 'lr']
-    """
-    return sorted(snapshot.series, key=metric_order)
-
-
-def default_metric(snapshot: JobSnapshot) -> str | None:
-    """The metric charted unless the user picks another: "loss" when logged.
-
-    Example:
-        >>> default_metric(JobSnapshot(job_id="j")) is None
-        True
-    """
-    names = metric_names(snapshot)
-    return names[0] if names else None
-
-
 # -- sections (each an HTML fragment the widget and the static page share) ------
 
 
@@ -274,29 +128,7 @@ def badge_html(snapshot: JobSnapshot, *, name: str | None = None) -> str:
 def _restarts(num_restarts: int) -> str:
     if not num_restarts:
         return ""
-    return f" ({num_restarts} restart{'s' if num_restarts != 1 else ''})"
-
-
-def progress_text(snapshot: JobSnapshot, *, total_steps: int | None = None) -> str:
-    """`step 120 / 1000 (12%) · 45.1 steps/s · ETA 3m 05s` (plain text, no markup).
-
-    Example:
-        >>> progress_text(JobSnapshot(job_id="j"))
-        'no steps yet'
-    """
-    if snapshot.step is None:
-        return "no steps yet"
-    total = resolve_total_steps(snapshot, total_steps)
-    pieces = [f"step {snapshot.step}"]
-    if total is not None:
-        pieces[0] += f" / {total} ({min(snapshot.step / total, 1.0):.0%})"
-    rate = format_rate(snapshot.steps_per_second)
-    if rate:
-        pieces.append(rate)
-    eta = eta_seconds(snapshot, total_steps)
-    if eta is not None:
-        pieces.append(f"ETA {format_duration(eta)}")
-    return " · ".join(pieces)
+    return f" ({plural(num_restarts, 'restart')})"
 
 
 def _perf_pieces(snapshot: JobSnapshot) -> list[str]:
@@ -339,20 +171,19 @@ def metrics_html(snapshot: JobSnapshot) -> str:
     return "<br>".join(parts)
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str | tuple[str, str]]]) -> str:
+    """An HTML table; a cell is its text, or (text, what hovering over it shows)."""
     head = "".join(f'<th style="{_CELL};text-align:left">{_esc(h)}</th>' for h in headers)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            # Numbers line up on the right, names on the left.
-            f'<td style="{_CELL};text-align:{"right" if cell[:1].isdigit() else "left"}">'
-            f"{_esc(cell)}</td>"
-            for cell in row
-        )
-        + "</tr>"
-        for row in rows
-    )
+    body = "".join("<tr>" + "".join(_td(cell) for cell in row) + "</tr>" for row in rows)
     return f'<table style="{_TABLE}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _td(cell: str | tuple[str, str]) -> str:
+    text, title = cell if isinstance(cell, tuple) else (cell, None)
+    hover = "" if title is None or title == text else f' title="{_esc(title)}"'
+    # Numbers line up on the right, names on the left.
+    align = "right" if text[:1].isdigit() else "left"
+    return f'<td style="{_CELL};text-align:{align}"{hover}>{_esc(text)}</td>'
 
 
 def _opt(value: float | None, fmt: str) -> str:
@@ -380,20 +211,32 @@ def utilization_html(snapshot: JobSnapshot) -> str:
 
 
 def checkpoints_html(snapshot: JobSnapshot) -> str:
-    """The committed checkpoints, newest first: step, attempt, size, how long the
-    training loop waited and when the checkpoint was durable, and where it is."""
+    """The committed checkpoints, newest first: step, when it was saved (a clock time,
+    which a page read later keeps right), attempt, size, how long the training loop
+    waited and when the checkpoint was durable, and where it is (the last two parts;
+    the whole path on hover).
+
+    Example:
+        >>> from air_sdk.schema import CheckpointCommit
+        >>> ck = CheckpointCommit(step=100, path="/srv/air/jobs/j/checkpoints/step-100",
+        ...     world_size=1, size_bytes=0, num_files=1, blocked_s=0, durable_s=0)
+        >>> page = checkpoints_html(JobSnapshot(job_id="j", checkpoints=[ck]))
+        >>> 'title="/srv/air/jobs/j/checkpoints/step-100">…/checkpoints/step-100<' in page
+        True
+    """
     if not snapshot.checkpoints:
         return ""
-    columns = ["step", "attempt", "size", "blocked", "durable after", "path"]
+    columns = ["step", "saved", "attempt", "size", "blocked", "durable after", "path"]
     shown = snapshot.checkpoints[-MAX_CHECKPOINT_ROWS:][::-1]
-    rows = [
+    rows: list[list[str | tuple[str, str]]] = [
         [
             f"{ck.step} (at the failure)" if ck.at_failure else str(ck.step),
+            "" if ck.committed_at is None else clock(ck.committed_at),
             str(ck.attempt),
             format_bytes(ck.size_bytes),
             f"{ck.blocked_s:.2f} s",
             f"{ck.durable_s:.2f} s",
-            _short_path(ck.path),
+            (_short_path(ck.path), ck.path),
         ]
         for ck in shown
     ]
@@ -488,8 +331,8 @@ def render_html(
     total = resolve_total_steps(snapshot, total_steps)
     parts = [f"<div>{badge_html(snapshot, name=name)}</div>"]
     progress = _esc(progress_text(snapshot, total_steps=total_steps))
-    if total is not None and snapshot.step is not None:
-        value = min(snapshot.step, total)
+    if total is not None and snapshot.steps_done is not None:
+        value = min(snapshot.steps_done, total)
         progress = (
             f'<progress value="{value}" max="{total}" style="width:240px"></progress> {progress}'
         )
@@ -515,8 +358,8 @@ def render_html(
         )
     if len(ranks) > max_log_ranks:
         parts.append(
-            f'<div style="color:{_MUTED}">and the logs of {len(ranks) - max_log_ranks}'
-            " more ranks (job.logs(rank=...))</div>"
+            f'<div style="color:{_MUTED}">and the logs of'
+            f" {plural(len(ranks) - max_log_ranks, 'more rank')} (job.logs(rank=...))</div>"
         )
     body = "".join(parts)
     return (

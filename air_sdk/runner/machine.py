@@ -9,8 +9,10 @@ ranks than cores) is explicit: `air gateway start --oversubscribe`, or a
 job placed beyond the cores gets an `oversubscribed` alert.
 
 The scheduler places on slots; the runner holds back a placement that would go over
-the cap (the job stays queued, and says why) and fails a job that could never fit under
-it with the flag to change.
+the cap (the job stays queued, and says why). A job that could never fit under it is
+refused at submit by `never_fits` (the same check, and the same sentence, for a 2 x 2
+and a 1 x 4 job: the same ranks on the same cores), and failed with that sentence if it
+was queued before the gateway shrank.
 """
 
 from __future__ import annotations
@@ -18,17 +20,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from air_sdk.scheduler import JobRequest, NodeSpec
+from air_sdk.scheduler import JobRequest, NodeSpec, fits_ever
 from air_sdk.schema import Placement
+from air_sdk.text import plural
 
-__all__ = ["MACHINE_MAX_RANKS_LABEL", "MachineCap", "oversubscribed_by", "oversubscription"]
+__all__ = [
+    "MACHINE_MAX_RANKS_LABEL",
+    "MachineCap",
+    "never_fits",
+    "oversubscribed_by",
+    "oversubscription",
+]
 
 #: on a CPU virtual node: how many ranks this machine's virtual nodes run at once
 MACHINE_MAX_RANKS_LABEL = "air.machine/max-ranks"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class MachineCap:
 
     max_ranks: int
     nodes: frozenset[str]
+    #: rank slots of each capped node (the most one node may run)
+    slots_per_node: int = 0
 
     @classmethod
     def of(cls, inventory: Sequence[NodeSpec]) -> MachineCap | None:
@@ -56,20 +63,43 @@ class MachineCap:
         if not capped:
             return None
         return cls(
-            int(capped[0].labels[MACHINE_MAX_RANKS_LABEL]), frozenset(n.name for n in capped)
+            int(capped[0].labels[MACHINE_MAX_RANKS_LABEL]),
+            frozenset(n.name for n in capped),
+            min(n.slots for n in capped),
         )
 
     def ranks(self, placement: Placement) -> int:
         """The ranks `placement` puts on this machine."""
         return sum(a.slots for a in placement.nodes if a.node in self.nodes)
 
-    def never(self, request: JobRequest) -> str | None:
-        """Why the job could never run under the cap (with the flag to change), else None.
+    def largest(self) -> str:
+        """The widest jobs this machine places, as nodes x ranks per node.
 
         Example:
-            >>> cap = MachineCap(2, frozenset({"node-0", "node-1"}))
+            >>> MachineCap(2, frozenset({"node-0", "node-1"}), 2).largest()
+            '1 node x 2 ranks or 2 nodes x 1 rank'
+        """
+        per_node = self.slots_per_node or self.max_ranks
+        shapes = [
+            (n, min(per_node, self.max_ranks // n))
+            for n in range(1, len(self.nodes) + 1)
+            if self.max_ranks // n >= 1
+        ]
+        most = max(n * p for n, p in shapes)
+        widest = [(n, p) for n, p in shapes if n * p == most]
+        return " or ".join(f"{plural(n, 'node')} x {plural(p, 'rank')}" for n, p in widest)
+
+    def never(self, request: JobRequest) -> str | None:
+        """Why the job could never run under the cap (what fits, and how to get more),
+        else None. It depends only on the job's total ranks, so a 2 x 2 and a 1 x 4 job
+        are told the same.
+
+        Example:
+            >>> cap = MachineCap(2, frozenset({"node-0", "node-1"}), 2)
             >>> print(cap.never(JobRequest("j", 2, 2)))
-            the job runs 4 ranks at once; this machine has 2 cores, shared by its virtual nodes: lower --nodes or --procs-per-node, or restart the gateway with --oversubscribe (ranks beyond the cores share them)
+            the job runs 4 ranks at once; this gateway runs at most 2 ranks at once (1 node x 2 ranks or 2 nodes x 1 rank: this machine's 2 cores, shared by its 2 virtual nodes): lower --nodes or --procs-per-node; for more ranks, restart the gateway with --oversubscribe (ranks beyond the cores share them), or submit to a cluster with more cores (air gateway start --cluster FILE or --backend ray)
+            >>> cap.never(JobRequest("j", 1, 4)) == cap.never(JobRequest("j", 2, 2))
+            True
         """
         if request.gpus_per_node:
             return None
@@ -77,10 +107,13 @@ class MachineCap:
         if total <= self.max_ranks:
             return None
         return (
-            f"the job runs {total} ranks at once; this machine has"
-            f" {_plural(self.max_ranks, 'core')}, shared by its virtual nodes: lower --nodes or"
-            " --procs-per-node, or restart the gateway with --oversubscribe (ranks beyond the"
-            " cores share them)"
+            f"the job runs {plural(total, 'rank')} at once; this gateway runs at most"
+            f" {plural(self.max_ranks, 'rank')} at once ({self.largest()}: this machine's"
+            f" {plural(self.max_ranks, 'core')}, shared by its"
+            f" {plural(len(self.nodes), 'virtual node')}): lower --nodes or --procs-per-node;"
+            " for more ranks, restart the gateway with --oversubscribe (ranks beyond the"
+            " cores share them), or submit to a cluster with more cores (air gateway start"
+            " --cluster FILE or --backend ray)"
         )
 
     def admit(
@@ -102,10 +135,28 @@ class MachineCap:
     def waiting_reason(self, running: Iterable[Placement]) -> str:
         used = sum(self.ranks(p) for p in running)
         return (
-            f"waiting: this machine's {_plural(self.max_ranks, 'core')} run"
-            f" {_plural(used, 'rank')} of other jobs (one rank per core; restart the gateway"
+            f"waiting: this machine's {plural(self.max_ranks, 'core')} run"
+            f" {plural(used, 'rank')} of other jobs (one rank per core; restart the gateway"
             " with --oversubscribe to share cores)"
         )
+
+
+def never_fits(request: JobRequest, inventory: Sequence[NodeSpec]) -> str | None:
+    """Why a job can never run on `inventory`, with what to change, else None: the
+    machine's core cap first (a matter of total ranks), then the nodes' shapes
+    (`scheduler.fits_ever`). The gateway asks it at submit and the runner again before
+    it places a queued job, so both say the same.
+
+    Example:
+        >>> nodes = [NodeSpec(f"node-{i}", 2, labels={MACHINE_MAX_RANKS_LABEL: "2"}) for i in (0, 1)]
+        >>> never_fits(JobRequest("j", 2, 1), nodes) is None
+        True
+        >>> never_fits(JobRequest("j", 1, 4), nodes) == never_fits(JobRequest("j", 2, 2), nodes)
+        True
+    """
+    cap = MachineCap.of(inventory)
+    why = cap.never(request) if cap is not None else None
+    return why if why is not None else fits_ever(request, inventory)
 
 
 def oversubscription(nodes: Sequence[NodeSpec], cores: int) -> str | None:
@@ -125,12 +176,12 @@ def oversubscription(nodes: Sequence[NodeSpec], cores: int) -> str | None:
         return None
     slots = {n.slots for n in cpu}
     shape = (
-        f"{_plural(len(cpu), 'virtual node')} x {_plural(cpu[0].slots, 'slot')}"
+        f"{plural(len(cpu), 'virtual node')} x {plural(cpu[0].slots, 'slot')}"
         if len(slots) == 1
-        else _plural(len(cpu), "virtual node")
+        else plural(len(cpu), "virtual node")
     )
     return (
-        f"oversubscribed: {shape} = {total} ranks on {_plural(cores, 'core')}; ranks beyond"
+        f"oversubscribed: {shape} = {plural(total, 'rank')} on {plural(cores, 'core')}; ranks beyond"
         " the cores share them (slower, and timing-sensitive code may time out)"
     )
 
@@ -170,7 +221,7 @@ def oversubscribed_by(
     if not mine or mine + others <= cores:
         return None
     return (
-        f"{mine + others} ranks (this job's {mine}, other jobs' {others}) on"
-        f" {_plural(cores, 'core')}: ranks beyond the cores share them; the gateway runs"
+        f"{plural(mine + others, 'rank')} (this job's {mine}, other jobs' {others}) on"
+        f" {plural(cores, 'core')}: ranks beyond the cores share them; the gateway runs"
         " oversubscribed (--oversubscribe or --slots-per-node)"
     )

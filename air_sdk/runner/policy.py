@@ -17,6 +17,7 @@ from typing import Literal
 
 from air_sdk.runner.backends.base import NodeStatus
 from air_sdk.schema import FailureInfo, FailurePolicySpec, RankExit
+from air_sdk.text import plural
 
 #: the exit status of a process ended by SIGTERM (128 + 15)
 SIGTERM_EXIT = 143
@@ -88,7 +89,8 @@ class RestartPolicy:
             return FailureDecision(FailureAction.FAIL, f"{failure.reason} (max_restarts is 0)")
         return FailureDecision(
             FailureAction.FAIL,
-            f"{failure.reason}; all {self.max_restarts} restarts used: raise --max-restarts"
+            f"{failure.reason}; all {plural(self.max_restarts, 'restart')} used: raise"
+            " --max-restarts"
             " or fix the failure",
         )
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from air_sdk.runner.backends.base import Backend
 from air_sdk.runner.controller import DEFAULT_MAX_PREEMPTION_GRACE_S, JobController
 from air_sdk.runner.job_files import JobPaths
-from air_sdk.runner.machine import MachineCap, oversubscribed_by
+from air_sdk.runner.machine import MachineCap, never_fits, oversubscribed_by
 from air_sdk.runner.node_health import NodeHealthBook
 from air_sdk.runner.node_probe import NodeProber
 from air_sdk.runner.outputs import default_output_dir
@@ -33,7 +33,6 @@ from air_sdk.scheduler import (
     RunningJob,
     SchedulerPolicy,
     SchedulerState,
-    fits_ever,
 )
 from air_sdk.scheduler.tenancy import RESTART_WINDOW_S, TenantCrashes, mask_foreign_jobs
 from air_sdk.schema import (
@@ -305,9 +304,7 @@ class Runner:
             if job.id in live:
                 continue  # its old controller is still letting go of its placement
             req = job_request(job)
-            never = fits_ever(req, everything)
-            if never is None and cap is not None:
-                never = cap.never(req)
+            never = never_fits(req, everything)
             if never is not None:
                 self.store.transition(
                     job.id,

@@ -24,6 +24,7 @@ from air_sdk.scheduler.explain import need_text
 from air_sdk.scheduler.gang import ANY_POOL, JobRequest, NodeSpec
 from air_sdk.scheduler.policy import TenantQuota
 from air_sdk.scheduler.waits import PartitionCycle
+from air_sdk.text import plural
 
 __all__ = ["quota_left", "quota_problem", "route"]
 
@@ -54,8 +55,8 @@ def route(
     best = max(st.part.capable(s, g) for st in candidates)
     where = "any pool" if job.pool == ANY_POOL else f"pool {job.pool!r}"
     return (
-        f"never fits: {need_text(job)}; {where} has only {best} such healthy"
-        " nodes: lower --nodes or the GPUs/ranks per node"
+        f"never fits: {need_text(job)}; {where} has only {plural(best, 'such healthy node')}:"
+        " lower --nodes or the GPUs/ranks per node"
     )
 
 
@@ -87,20 +88,20 @@ def quota_problem(job: JobRequest, quota: TenantQuota, used_gpus: int, used_slot
     gpus, slots = job.num_gpus, job.num_slots
     if quota.gpus is not None and gpus > quota.gpus:
         return (
-            f"the job needs {gpus} GPUs; tenant {t!r} may hold at most {quota.gpus}:"
+            f"the job needs {plural(gpus, 'GPU')}; tenant {t!r} may hold at most {quota.gpus}:"
             " lower --nodes or --gpus-per-node, or raise the tenant's quota"
         )
     if quota.slots is not None and slots > quota.slots:
         return (
-            f"the job needs {slots} slots; tenant {t!r} may hold at most {quota.slots}:"
+            f"the job needs {plural(slots, 'slot')}; tenant {t!r} may hold at most {quota.slots}:"
             " lower --nodes or --procs-per-node, or raise the tenant's quota"
         )
     if quota.gpus is not None and used_gpus + gpus > quota.gpus:
         return (
-            f"over quota: tenant {t!r} uses {used_gpus} of its {quota.gpus} GPUs;"
+            f"over quota: tenant {t!r} uses {used_gpus} of its {plural(quota.gpus, 'GPU')};"
             f" this job needs {gpus} more"
         )
     return (
-        f"over quota: tenant {t!r} uses {used_slots} of its {quota.slots} slots;"
+        f"over quota: tenant {t!r} uses {used_slots} of its {plural(quota.slots or 0, 'slot')};"
         f" this job needs {slots} more"
     )

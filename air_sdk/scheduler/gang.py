@@ -272,16 +272,24 @@ def _never_fits_here(request: JobRequest, nodes: list[NodeSpec]) -> str:
         return (
             f"{need}; the gateway's nodes have {plural(min(n.num_gpus for n in nodes), 'GPU')}"
             f" each ({machine}): restart the gateway with --nodes {request.nodes}, so each"
-            f" node gets {gpus // request.nodes} GPUs, or lower --gpus-per-node"
+            f" node gets {plural(gpus // request.nodes, 'GPU')}, or lower --gpus-per-node"
         )
     slots = min(n.slots for n in nodes)
     if len(nodes) < request.nodes:
+        widest = f"{plural(len(nodes), 'node')} x {plural(slots, 'rank')}"
+        if request.nodes > cores:
+            # one virtual node per core at most: never "restart with --nodes 1000"
+            return (
+                f"{need}; this gateway places at most {widest} ({machine}): lower --nodes"
+                f" to {len(nodes)}; for more nodes, submit to a cluster that has them (air"
+                " gateway start --cluster FILE with a larger pool, or --backend ray)"
+            )
         per_node = max(1, cores // request.nodes)
         flags = f"--nodes {request.nodes}"
         if per_node < request.slots_per_node:
             flags += f" --slots-per-node {request.slots_per_node}"
         return (
-            f"{need}; the gateway has {plural(len(nodes), 'node')} ({machine}): lower --nodes"
+            f"{need}; this gateway places at most {widest} ({machine}): lower --nodes"
             f" to {len(nodes)}, or restart the gateway with {flags}"
         )
     return (

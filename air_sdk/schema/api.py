@@ -253,7 +253,7 @@ class CheckpointList(_Wire):
         for e in events:
             match e.payload():
                 case CheckpointCommit() as commit:
-                    commits.append(commit)
+                    commits.append(commit.recorded_at(e.ts))
                 case CheckpointSkip() as skip:
                     skipped.append(skip)
                 case CheckpointRestore() as restore:

@@ -43,6 +43,9 @@ from typing import Any, Literal, TypeAlias, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from air_sdk.schema._guards import WireModel
+from air_sdk.schema.checkpoint_records import CheckpointCommit as CheckpointCommit
+from air_sdk.schema.checkpoint_records import CheckpointRestore as CheckpointRestore
+from air_sdk.schema.checkpoint_records import CheckpointSkip as CheckpointSkip
 from air_sdk.schema.data import DataLoading
 from air_sdk.schema.export import ExportStatus as ExportStatus
 from air_sdk.schema.numbers import NON_FINITE, json_data
@@ -304,68 +307,6 @@ class UtilBatch(_Payload):
     """
 
     samples: list[DeviceSample] = Field(default_factory=list)
-
-
-class CheckpointCommit(_Payload):
-    """One committed checkpoint, reported by rank 0 once its manifest is in place.
-
-    Example:
-        >>> CheckpointCommit(step=100, path="/ckpt/step-100", world_size=2, size_bytes=10,
-        ...                  num_files=3, blocked_s=0.05, durable_s=1.5).step
-        100
-    """
-
-    step: int = Field(ge=0)
-    path: str
-    world_size: int = Field(ge=1)
-    size_bytes: int = Field(ge=0)
-    num_files: int = Field(ge=0)
-    blocked_s: float = Field(description="Seconds the training loop waited in save().")
-    durable_s: float = Field(description="Seconds from save() until the manifest was in place.")
-    attempt: int = 0
-    snapshot: Literal["copy", "fork"] | None = Field(
-        default=None, description="How save() took its snapshot (AIR_CHECKPOINT_SNAPSHOT)."
-    )
-    at_failure: bool = Field(
-        default=False,
-        description="Written by a surviving rank when a peer failed (AIR_CHECKPOINT_ON_FAILURE).",
-    )
-    source: str | None = Field(
-        default=None,
-        description="What wrote it when not air.checkpoint (air.checkpoint.record): "
-        "'lightning', 'transformers', 'accelerate', ...",
-    )
-
-
-class CheckpointSkip(_Payload):
-    """A committed checkpoint that restore passed over (its files do not match its manifest).
-
-    Example:
-        >>> CheckpointSkip(step=6, path="/ckpt/step-6", skipped="__1_0.distcp: missing").step
-        6
-    """
-
-    step: int = Field(ge=0)
-    path: str
-    skipped: str = Field(description="Why, e.g. 'file X does not match its manifest'.")
-    attempt: int = 0
-
-
-class CheckpointRestore(_Payload):
-    """The checkpoint an attempt resumed from, reported by rank 0 after a load.
-
-    Example:
-        >>> CheckpointRestore(step=40, path="/ckpt/step-40", restored=True).step
-        40
-    """
-
-    step: int = Field(ge=0)
-    path: str
-    restored: Literal[True] = True
-    attempt: int = 0
-    source: str | None = Field(
-        default=None, description="What wrote it when not air.checkpoint (see CheckpointCommit)."
-    )
 
 
 # ---- how a function call ended ------------------------------------------------------------

@@ -6,6 +6,7 @@ new event; a reconnecting reader continues from `snapshot.last_seq`.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 
@@ -43,6 +44,8 @@ MFU_METRIC = "mfu"
 FLOPS_PER_STEP_METRIC = "flops_per_step"
 HFU_METRIC = "hfu"
 HARDWARE_FLOPS_PER_STEP_METRIC = "hardware_flops_per_step"
+#: the run's length, when a rank logs it: `air.log(step, total_steps=N)`
+TOTAL_STEPS_METRIC = "total_steps"
 #: derived values, shown as throughput rather than among the logged metrics
 DERIVED_METRICS = frozenset(
     {
@@ -106,6 +109,9 @@ class JobSnapshot(BaseModel):
     exports: dict[str, ExportStatus] = Field(default_factory=dict)
     #: rank -> its data-loading totals and rates in the current attempt (ranks that count)
     data_loading: dict[int, RankDataLoading] = Field(default_factory=dict)
+    #: the run's length in steps: the spec's `total_steps` (a reader starts its fold
+    #: with it: `Job.new_snapshot()`), replaced by one a rank logs (TOTAL_STEPS_METRIC)
+    total_steps: int | None = None
 
     @classmethod
     def fold(cls, job_id: str, events: list[Event]) -> JobSnapshot:
@@ -126,6 +132,21 @@ class JobSnapshot(BaseModel):
             return None
         last_step = self.step if self.last_point_step is None else self.last_point_step
         return (last_step - self.first_point_step) / (self.last_point_ts - self.first_point_ts)
+
+    @property
+    def steps_done(self) -> int | None:
+        """How many steps ran, from the latest step index: a loop whose first logged
+        step is 0 counts from 0 (its step 149 is its 150th), one from 1 from 1.
+
+        Example:
+            >>> JobSnapshot(job_id="j", step=149, first_point_step=0).steps_done
+            150
+            >>> JobSnapshot(job_id="j", step=150, first_point_step=1).steps_done
+            150
+        """
+        if self.step is None:
+            return None
+        return self.step + 1 if self.first_point_step == 0 else self.step
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -194,7 +215,7 @@ class JobSnapshot(BaseModel):
                 for sample in batch.samples:
                     self.utilization[f"{sample.node}/{sample.device}"] = sample
             case CheckpointCommit() as commit:
-                self.checkpoints.append(commit)
+                self.checkpoints.append(commit.recorded_at(e.ts))
             case CheckpointSkip() as skip:
                 self.skipped_checkpoints.append(skip)
             case CheckpointRestore() as restore:
@@ -231,6 +252,9 @@ class JobSnapshot(BaseModel):
                     self.last_point_ts, self.last_point_step = p.ts, p.step
             if self.step is None or p.step >= self.step:
                 self.step = p.step
+            total = p.values.get(TOTAL_STEPS_METRIC)
+            if total is not None and math.isfinite(total) and total >= 1:
+                self.total_steps = int(total)
             for name, value in p.values.items():
                 if rank == 0 or name not in self.latest:
                     self.latest[name] = value

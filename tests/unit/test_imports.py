@@ -102,7 +102,7 @@ RULES: dict[str, Rule] = {
     # `python -m air_sdk`: the `air` command
     "__main__": rule("cli", never=f"{SERVER} torch {NOTEBOOK_UI}"),
     # thin: parse, call the client or the notebook helpers; never the gateway
-    "magics": rule("client notebook schema errors config", never=f"{SERVER} torch typer"),
+    "magics": rule("client notebook schema errors config text", never=f"{SERVER} torch typer"),
 }
 
 

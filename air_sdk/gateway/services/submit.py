@@ -14,8 +14,8 @@ from air_sdk.errors import ApiError, IdempotencyError, SpecError
 from air_sdk.gateway.bodies import parse_model
 from air_sdk.planner.refusal import submit_refusal
 from air_sdk.runner import job_paths
+from air_sdk.runner.machine import never_fits
 from air_sdk.runner.service import spec_request
-from air_sdk.scheduler import fits_ever
 from air_sdk.schema import JobRecord, JobSpec
 from air_sdk.schema.names import IDEMPOTENCY_KEY, is_valid
 from air_sdk.store import IdempotencyConflict
@@ -49,7 +49,8 @@ def refusal(ctx: GatewayContext, tenant: str, spec: JobSpec) -> str | None:
     if spec.bundle_sha256 and ctx.store.get_bundle(tenant, spec.bundle_sha256) is None:
         return f"bundle {spec.bundle_sha256} was not uploaded: PUT it to /v1/bundles first"
     inventory = ctx.runner.backend.inventory()
-    never = fits_ever(spec_request("new", spec), inventory)
+    # the runner's own check: a job refused here would fail there, with this sentence
+    never = never_fits(spec_request("new", spec), inventory)
     if never is not None:
         return never
     too_big = submit_refusal(spec, [n.accelerator for n in inventory if n.num_gpus])

@@ -207,7 +207,7 @@ def test_demo_refuses_more_nodes_than_the_gateway_has(monkeypatch: pytest.Monkey
     use_gateway(monkeypatch, fake, up=True)
     result = runner.invoke(cli.app, ["demo", "--nodes", "2"])
     assert result.exit_code == 2
-    assert "has 1 nodes; the demo asked for 2" in result.stderr
+    assert "has 1 node; the demo asked for 2" in result.stderr
     assert fake.spec is None
 
 

@@ -142,7 +142,7 @@ def test_bundling_shows_a_progress_bar_with_bytes_on_a_terminal() -> None:
 
     from rich.console import Console
 
-    from air_sdk.cli.terminal_views import BundleProgress
+    from air_sdk.cli.bundle_progress import BundleProgress
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=100)
@@ -159,7 +159,7 @@ def test_a_small_bundle_shows_nothing() -> None:
 
     from rich.console import Console
 
-    from air_sdk.cli.terminal_views import BundleProgress
+    from air_sdk.cli.bundle_progress import BundleProgress
 
     out = io.StringIO()
     with BundleProgress(Console(file=out, force_terminal=True), "project/") as progress:

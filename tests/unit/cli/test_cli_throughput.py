@@ -27,8 +27,9 @@ def text(renderable) -> str:
 
 def test_progress_shows_tokens_per_s_and_mfu_not_as_raw_metrics():
     line = progress_metrics(snapshot(tokens=4096, tokens_per_s=1.234e6, mfu=0.412))
-    assert line == "step 20  loss 0.5  tokens 4096  2.0 steps/s  1.23M tokens/s  MFU 41.2%"
-    assert progress_metrics(snapshot()) == "step 20  loss 0.5  2.0 steps/s"
+    # steps 0-20 are 21 steps
+    assert line == "step 21  loss 0.5  tokens 4096  2.0 steps/s  1.23M tokens/s  MFU 41.2%"
+    assert progress_metrics(snapshot()) == "step 21  loss 0.5  2.0 steps/s"
 
 
 def test_status_and_summary_show_them():

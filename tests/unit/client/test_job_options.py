@@ -29,7 +29,7 @@ from air_sdk.schema import JobRecord, JobSpec, JobState
 #: flags of `air submit` that are not job options: what to run and how to watch it
 CLI_OWN = {"script", "args", "follow", "all_ranks", "gateway"}
 #: flags of `%%air train` that are not job options: what travels, the monitor, waiting
-MAGIC_OWN = {"files", "max_value_mib", "total_steps", "wait"}
+MAGIC_OWN = {"files", "max_value_mib", "wait"}
 
 #: a value for every option that differs from its default (and makes a valid spec)
 GIVEN: dict[str, Any] = {
@@ -39,6 +39,7 @@ GIVEN: dict[str, Any] = {
     "name": "run-7",
     "env": {"LR": "0.1"},
     "max_restarts": 3,
+    "total_steps": 150,
     "checkpoint_every": 50,
     "checkpoint_dir": "/data/ckpt/run-6",
     "output_dir": "/data/runs/7",
@@ -197,7 +198,7 @@ def test_air_submit_flags_reach_the_spec(monkeypatch, tmp_path):
     result = CliRunner().invoke(cli.app, argv)
     assert result.exit_code == 0, result.output
     (options,) = calls
-    own = ("args", "progress")  # the script's arguments, the bundling progress display
+    own = ("args", "progress", "on_scan")  # the script's arguments, the bundling display
     assert {k: v for k, v in options.items() if k not in own and v is not None} == GIVEN
 
 

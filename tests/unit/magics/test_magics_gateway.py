@@ -157,8 +157,8 @@ def test_status_and_stop(shell, fake_server, capsys):
     shell.run_line_magic("air", "gateway status")
     assert capsys.readouterr().out.splitlines() == [
         "gateway http://127.0.0.1:8470 is up (version 0.1.0, pid 4242)",
-        "  node-0: 1/1 slots  jobs: j-1",
-        "  node-1: 0/1 slots",
+        "  node-0: 1/1 slot  jobs: j-1",
+        "  node-1: 0/1 slot",
     ]
     shell.run_line_magic("air", "gateway stop")
     assert "stopped the gateway (pid 4242)" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import PNG_MAGIC, render_chart_png
 from air_sdk.notebook.snapshot_html import render_html, render_text
 from air_sdk.schema import Event, JobSnapshot, JobState
+from air_sdk.text import clock
 
 JOB = "j-render"
 
@@ -169,9 +170,10 @@ def test_html_checkpoint_rows_newest_first_with_their_fields() -> None:
     log.checkpoint(10, size_bytes=3 * 1024**2, durable_s=0.25)
     log.checkpoint(20, size_bytes=3 * 1024**3, durable_s=1.5)
     page = render_html(log.snapshot())
+    saved = [clock(e.ts) for e in log.events[-2:]]  # when each commit event was recorded
     assert body_rows(page.split("checkpoints (2)", 1)[1]) == [
-        "20|1|3.0 GiB|0.05 s|1.50 s|/ck/20|",
-        "10|1|3.0 MiB|0.05 s|0.25 s|/ck/10|",
+        f"20|{saved[1]}|1|3.0 GiB|0.05 s|1.50 s|/ck/20|",
+        f"10|{saved[0]}|1|3.0 MiB|0.05 s|0.25 s|/ck/10|",
     ]
 
 

@@ -168,7 +168,7 @@ def test_a_job_wider_than_the_cores_fails_with_the_flag_that_allows_it(runner):
     r.schedule_once()
     record = r.store.get_job(wide)
     assert record.state is JobState.FAILED
-    assert "the job runs 4 ranks at once; this machine has 2 cores" in record.state_reason
+    assert "the job runs 4 ranks at once; this gateway runs at most 2 ranks" in record.state_reason
     assert "--oversubscribe" in record.state_reason
 
 

@@ -103,13 +103,24 @@ def test_too_few_slots_per_node_names_slots_per_node_and_the_cores():
 
 
 def test_too_few_nodes_names_nodes_and_slots_per_node_when_the_cores_would_not_do():
-    assert fits_ever(JobRequest("j", 3, 1), _machine(2, cores=2)) == (
-        "the job needs 3 nodes with 1 slot each; the gateway has 2 nodes (this machine:"
-        " 2 cores, no GPUs, split into 2 nodes): lower --nodes to 2, or restart the gateway"
-        " with --nodes 3"
+    assert fits_ever(JobRequest("j", 3, 1), _machine(2, cores=4)) == (
+        "the job needs 3 nodes with 1 slot each; this gateway places at most 2 nodes x"
+        " 2 ranks (this machine: 4 cores, no GPUs, split into 2 nodes): lower --nodes to 2,"
+        " or restart the gateway with --nodes 3"
     )
-    reason = fits_ever(JobRequest("j", 3, 2), _machine(2, cores=2)) or ""
+    reason = fits_ever(JobRequest("j", 3, 2), _machine(2, cores=4)) or ""
     assert reason.endswith("restart the gateway with --nodes 3 --slots-per-node 2")
+
+
+def test_more_nodes_than_cores_says_what_fits_and_never_to_restart_with_them():
+    reason = fits_ever(JobRequest("j", 1000, 1), _machine(2, cores=2)) or ""
+    assert reason == (
+        "the job needs 1000 nodes with 1 slot each; this gateway places at most 2 nodes x"
+        " 1 rank (this machine: 2 cores, no GPUs, split into 2 nodes): lower --nodes to 2;"
+        " for more nodes, submit to a cluster that has them (air gateway start --cluster"
+        " FILE with a larger pool, or --backend ray)"
+    )
+    assert "--nodes 1000" not in reason
 
 
 def test_gpus_on_this_machine_say_what_it_has():
