@@ -49,13 +49,16 @@ MAX_FAILURES = 3
 ANSWER_TIMEOUT_S = 180.0
 #: events sent to a worker at once
 BATCH_EVENTS = 500
-#: the job's env variables a tracker's worker gets (its credentials); nothing else of
-#: the job's env reaches the worker
-CREDENTIALS = {
-    "mlflow": ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"),
+#: the job's env variables a tracker's worker gets, by name prefix (its login: MLflow's
+#: MLFLOW_TRACKING_TOKEN / _USERNAME / ..., W&B's key and entity); nothing else of the
+#: job's env reaches the worker
+TRACKER_ENV: dict[str, tuple[str, ...]] = {
+    "mlflow": ("MLFLOW_TRACKING_",),
     "wandb": ("WANDB_API_KEY", "WANDB_ENTITY"),
     "tensorboard": (),
 }
+#: never from a job: where the worker sends data is the gateway's choice
+NOT_FROM_JOB = frozenset({"MLFLOW_TRACKING_URI"})
 #: the module each tracker's writer imports
 LIBRARIES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}
 #: the gateway's own env variables every worker gets (an operator's W&B server is the
@@ -286,7 +289,11 @@ class ExportService:
     def _start(self, job: JobRecord, target: ExportTarget, state: _State) -> _Worker:
         directory = self._dir(job.id, target.to)
         env = {k: os.environ[k] for k in GATEWAY_ENV if k in os.environ}
-        env |= {k: job.spec.env[k] for k in CREDENTIALS[target.to] if k in job.spec.env}
+        env |= {
+            k: v
+            for k, v in job.spec.env.items()
+            if k.startswith(TRACKER_ENV[target.to]) and k not in NOT_FROM_JOB
+        }
         env |= {"HOME": str(directory), "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"}
         with open(directory / "worker.log", "ab") as stderr:
             worker = _Worker(
