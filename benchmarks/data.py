@@ -15,7 +15,7 @@ Measured, interleaved round by round (AIR, peer, AIR, peer ...), medians quoted:
   samples of `--resume-seq-len` tokens, the same shards read with shorter samples),
   against iterating to skip (measured over `--skip-probe` samples and extrapolated,
   said so);
-- peak RSS of the process and its workers.
+- peak memory of the process and its workers (the sum of their PSS).
 
 Nothing here is a test; results go to benchmarks/results/data.json.
 """
@@ -81,7 +81,9 @@ class MemmapTokens(Dataset[torch.Tensor]):
 
 
 class PeakRss:
-    """The peak RSS of this process and its children, sampled every 50 ms."""
+    """The peak memory of this process and its workers, sampled every 50 ms: the sum of
+    their PSS (forked workers share pages copy-on-write; summing RSS would count the
+    shared pages once per process)."""
 
     def __init__(self) -> None:
         self.peak = 0
@@ -94,7 +96,7 @@ class PeakRss:
             total = 0
             for proc in [me, *me.children(recursive=True)]:
                 try:
-                    total += proc.memory_info().rss
+                    total += proc.memory_full_info().pss
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
@@ -235,7 +237,7 @@ def main() -> None:
             f" {args.batch_size}, {args.workers} workers, medians of {args.rounds}"
         )
     )
-    print(markdown_table(["loader", "samples/s", "ratio", "peak RSS (with workers)"], rows))
+    print(markdown_table(["loader", "samples/s", "ratio", "peak PSS (with workers)"], rows))
     air_resume = median([r["air_s"] for r in resumes])
     skip = median([r["skip_s_extrapolated"] for r in resumes])
     print(
