@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from air_sdk.runner.node.sandbox import is_sandbox_wrapper
+from air_sdk.runner.nofollow import iter_files
 
 __all__ = [
     "DATA_HEADROOM",
@@ -203,34 +204,30 @@ def disk_usage(dirs: Sequence[str]) -> int:
         ...     disk_usage([d, d]) >= 100_000
         True
     """
+    # The job writes these directories while they are walked: each is opened with
+    # O_NOFOLLOW and walked by fd (`nofollow.iter_files`, os.fwalk), so a directory
+    # swapped for a link mid-walk is skipped, never followed out of the job's tree.
+    roots: list[str] = []
+    for d in sorted({os.path.abspath(d) for d in dirs if d}):
+        if not any(d == r or d.startswith(r.rstrip("/") + "/") for r in roots):
+            roots.append(d)  # a directory inside another root is walked with it
     seen: set[tuple[int, int]] = set()
     total = 0
-    todo = [d for d in dirs if d]
-    while todo:
-        path = todo.pop()
+    for root in roots:
         try:
-            st = os.lstat(path)
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            entries = os.scandir(path)
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        todo.append(entry.path)
-                        continue
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                key = (st.st_dev, st.st_ino)
+            continue  # not there (yet), or a link
+        try:
+            for _, st in iter_files(fd):
                 if st.st_nlink > 1:
+                    key = (st.st_dev, st.st_ino)
                     if key in seen:
                         continue
                     seen.add(key)
                 total += getattr(st, "st_blocks", 0) * 512 or st.st_size
+        finally:
+            os.close(fd)
     return total
 
 

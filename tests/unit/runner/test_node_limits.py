@@ -221,6 +221,9 @@ def test_the_disk_walk_counts_each_file_once_and_follows_no_link(tmp_path: Path)
     (job / "out" / "file-link").symlink_to(outside / "big")
     used = disk_usage([str(job), str(job / "out"), str(tmp_path / "missing")])
     assert 300_000 <= used < 400_000
+    # a writable directory the job replaced by a link to elsewhere is not walked
+    (tmp_path / "outputs-link").symlink_to(outside)
+    assert disk_usage([str(tmp_path / "outputs-link")]) == 0
 
 
 def test_the_process_count_includes_threads(tmp_path: Path):
