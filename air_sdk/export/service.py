@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from air_sdk.schema import EventType, ExportStatus, ExportTarget, JobRecord, JobSpec
+from air_sdk.schema import EventType, ExportStatus, ExportTarget, JobRecord, JobSpec, JobState
 from air_sdk.store import SqliteStore
 
 __all__ = ["ExportService"]
@@ -201,8 +201,9 @@ class ExportService:
             states = [self._load(job_dir.name, t.name) for t in job_dir.iterdir() if t.is_dir()]
             if any(s.state not in ("done", "failed") for s in states):
                 self._active.add(job_dir.name)  # unfinished when the gateway stopped
-        for job in self.store.list_jobs(limit=10_000):
-            if job.spec.export and not job.state.terminal:
+        active = tuple(s for s in JobState if not s.terminal)
+        for job in self.store.list_jobs(states=active, limit=10_000):
+            if job.spec.export:
                 self._active.add(job.id)  # submitted while exports had not started yet
         self._thread = threading.Thread(target=self._run, name="air-export", daemon=True)
         self._thread.start()

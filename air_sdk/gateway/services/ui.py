@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from air_sdk.schema import JobRecord, JobSnapshot
+from air_sdk.store import SqliteStore
 
 __all__ = ["JobPage", "UiRenderer"]
 
@@ -45,7 +46,7 @@ class _Cached:
 class UiRenderer:
     """Folds and renders jobs for the page; thread-safe (routes run in a pool)."""
 
-    def __init__(self, store: object) -> None:
+    def __init__(self, store: SqliteStore) -> None:
         self._store = store
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, _Cached] = OrderedDict()
@@ -60,9 +61,7 @@ class UiRenderer:
                 self._cache.popitem(last=False)
             snapshot = cached.snapshot
             while True:
-                events = self._store.read_events(  # type: ignore[attr-defined]
-                    job.id, after=snapshot.last_seq, limit=READ_BATCH
-                )
+                events = self._store.read_events(job.id, after=snapshot.last_seq, limit=READ_BATCH)
                 for event in events:
                     snapshot.apply(event)
                 if len(events) < READ_BATCH:
