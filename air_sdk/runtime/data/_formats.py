@@ -53,13 +53,10 @@ class _Tokens:
         return self.tokens[start : start + self.seq_len + 1]
 
     def close(self) -> None:
-        mmap = getattr(self.tokens, "_mmap", None)
+        # Drop the reference only: the mapping goes when its last view does. Closing the
+        # mmap itself would unmap it under the views a decode handed out (numpy keeps no
+        # buffer export, so mmap.close() succeeds) and reading one would crash the process.
         del self.tokens
-        if mmap is not None:
-            try:
-                mmap.close()
-            except BufferError:  # a view handed out is still alive; the GC closes it
-                pass
 
 
 class _Seekable:

@@ -71,6 +71,33 @@ def test_llmc_headers_and_npy_files_carry_their_dtype(tmp_path: Path) -> None:
     assert [int(v[0]) for v in views] == [70000, 70004, 70008, 70100, 70104, 70108]
 
 
+def test_views_handed_out_stay_readable_after_their_shard_is_closed(tmp_path: Path) -> None:
+    # An identity decode hands out views of the memmap; closing the shard (evicted past
+    # max_open_shards, or close()) once unmapped them under the views, and reading one
+    # then crashed the process. Run in a child so a crash is a failure, not a dead pytest.
+    token_shards(tmp_path)
+    write_index(tmp_path)
+    code = f"""
+from air_sdk.runtime.data import ShardedDataset
+data = ShardedDataset({str(tmp_path)!r}, seq_len={SEQ_LEN}, shuffle=False, dp_rank=0,
+                      dp_size=1, max_open_shards=1, decode=lambda view: view)
+views = list(data)  # every shard opened in turn; each one closed when the next opens
+data.close()
+print(sum(int(v.sum()) for v in views))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = 0
+    for s, count in enumerate(SIZES):
+        tokens = s * 10000 + np.arange(count * SEQ_LEN + 1, dtype=np.int64)
+        expected += sum(
+            int(tokens[i * SEQ_LEN : (i + 1) * SEQ_LEN + 1].sum()) for i in range(count)
+        )
+    assert int(done.stdout) == expected
+
+
 def test_a_raw_bin_of_the_wrong_length_is_refused_with_the_flag_to_change(tmp_path: Path) -> None:
     (tmp_path / "a.bin").write_bytes(b"\x01\x00\x02")
     done = air("data", "index", str(tmp_path))
