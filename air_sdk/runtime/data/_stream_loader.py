@@ -16,8 +16,11 @@ number of workers. Here the position alone determines every worker's share.
 
 from __future__ import annotations
 
+import faulthandler
+import functools
 import math
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -114,6 +117,10 @@ def loader(
             " restore or set_epoch; leave it off"
         )
     dataset._batch_size = int(batch_size)
+    if num_workers:
+        loader_options["worker_init_fn"] = functools.partial(
+            _init_worker, loader_options.get("worker_init_fn")
+        )
     data_loader: DataLoader[Any] = DataLoader(
         dataset,
         batch_size=int(batch_size),
@@ -122,3 +129,12 @@ def loader(
         **loader_options,
     )
     return StreamLoader(dataset, data_loader, int(batch_size))
+
+
+def _init_worker(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    # A worker that crashes in native code otherwise says only "Unexpected segmentation
+    # fault encountered in worker": print the Python stack first (torch's own handler,
+    # installed before this runs, still reports the death to the loop).
+    faulthandler.enable(file=sys.__stderr__ or sys.stderr)
+    if user_init is not None:
+        user_init(worker_id)

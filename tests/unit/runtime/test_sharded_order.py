@@ -6,6 +6,8 @@ under torchrun in the slow test)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from air_sdk.errors import ConfigError
 from air_sdk.runtime.data import ShardedDataset, loader, write_index
 
 torch = pytest.importorskip("torch")
+REPO = Path(__file__).resolve().parents[3]
 BLOCK = 10  # smaller than a shard: the window property below is visible
 
 
@@ -187,3 +190,37 @@ def test_real_gloo_ranks_split_by_the_layout_and_agree_on_the_position(
     assert pp4[0] == pp4[3] and pp4[1] == pp4[2] == []
     assert [x for b in pp4[0] for x in b] == order[:4]
     assert found["pp4"]["state"]["position"] == 2 * 2  # the middle stages did not count
+
+
+def test_a_worker_that_crashes_in_native_code_prints_where(shards: Path) -> None:
+    # torch's own worker handler says only "Unexpected segmentation fault encountered in
+    # worker"; the loader's workers print the Python stack first. The user's own
+    # worker_init_fn still runs (its tag reaches the samples). In a child process.
+    code = textwrap.dedent(
+        f"""
+        import ctypes, os
+        from air_sdk.runtime.data import ShardedDataset, loader
+
+        def tag(worker_id):
+            os.environ["TAG"] = f"worker-{{worker_id}}"
+
+        def decode(view):
+            if int(view[0]) == 10016:  # one sample of shard 1
+                ctypes.string_at(0)
+            return os.environ["TAG"]
+
+        data = ShardedDataset({str(shards)!r}, seq_len={SEQ_LEN}, shuffle=False, dp_rank=0,
+                              dp_size=1, decode=decode)
+        stream = loader(data, 4, num_workers=1, worker_init_fn=tag, collate_fn=list)
+        print(next(iter(stream)), flush=True)
+        list(stream)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "['worker-0', 'worker-0', 'worker-0', 'worker-0']" in done.stdout
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert "line 10 in decode" in done.stderr, done.stderr  # the user's line that crashed
+    assert "exited unexpectedly" in done.stderr  # and the loop is still told
