@@ -26,7 +26,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from air_sdk.runtime.data._sharded import ShardedDataset
-from air_sdk.runtime.data.metrics import timed
+from air_sdk.runtime.data.metrics import WorkerCounts, recorder, start_worker, timed
 
 __all__ = ["StreamLoader", "loader"]
 
@@ -118,8 +118,10 @@ def loader(
         )
     dataset._batch_size = int(batch_size)
     if num_workers:
+        counts = WorkerCounts(num_workers)  # their cache hits, seen by this process
+        recorder().add_workers(counts)
         loader_options["worker_init_fn"] = functools.partial(
-            _init_worker, loader_options.get("worker_init_fn")
+            _init_worker, counts, loader_options.get("worker_init_fn")
         )
     data_loader: DataLoader[Any] = DataLoader(
         dataset,
@@ -131,10 +133,13 @@ def loader(
     return StreamLoader(dataset, data_loader, int(batch_size))
 
 
-def _init_worker(user_init: Callable[[int], None] | None, worker_id: int) -> None:
+def _init_worker(
+    counts: WorkerCounts, user_init: Callable[[int], None] | None, worker_id: int
+) -> None:
     # A worker that crashes in native code otherwise says only "Unexpected segmentation
     # fault encountered in worker": print the Python stack first (torch's own handler,
     # installed before this runs, still reports the death to the loop).
     faulthandler.enable(file=sys.__stderr__ or sys.stderr)
+    start_worker(counts, worker_id)
     if user_init is not None:
         user_init(worker_id)

@@ -17,13 +17,17 @@ nothing per sample); the rank's report shipper takes their totals at most once p
 of loop time spent waiting for data and the cache hit rate (`air status`, the monitor),
 and a rank that hangs while it waits is reported as "waiting for data (shard X)".
 
-Counts made in a DataLoader's worker processes stay there: the loop's wait (what
-`timed` measures in the training process) is the number that matters.
+Shards are read in a DataLoader's worker processes when there are workers: the cache
+hits and misses they count reach the training process through counters in shared
+memory that `air.data.loader` makes for its workers (`WorkerCounts`), one pair per
+worker, so no two processes write the same number. The loop's wait is measured where
+the loop runs; the shard a worker waits for stays in the worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import threading
 import time
@@ -36,11 +40,13 @@ __all__ = [
     "MIN_REPORT_INTERVAL_S",
     "DataRecorder",
     "Timed",
+    "WorkerCounts",
     "record_cache",
     "record_samples",
     "num_samples_of",
     "record_wait",
     "recorder",
+    "start_worker",
     "timed",
 ]
 
@@ -72,6 +78,10 @@ class DataRecorder:
         self._num_misses = 0
         #: thread id -> its open waits, outermost first: [shard or None, start, timed]
         self._waits: dict[int, list[tuple[str | None, float, bool]]] = {}
+        #: cache counts of this process's DataLoader workers (the loaders' shared blocks)
+        self._workers: list[WorkerCounts] = []
+        #: in a worker: where its counts go too (the block, and its own pair in it)
+        self._share: tuple[WorkerCounts, int] | None = None
         self._shipped_key: tuple[Any, ...] | None = None
         self._shipped_at = float("-inf")
 
@@ -96,6 +106,14 @@ class DataRecorder:
                 self._num_hits += 1
             else:
                 self._num_misses += 1
+            if self._share is not None:
+                counts, worker = self._share
+                counts.add(worker, hit)
+
+    def add_workers(self, counts: WorkerCounts) -> None:
+        """Add the cache counts a loader's workers make to this process's totals."""
+        with self._lock:
+            self._workers.append(counts)
 
     @contextlib.contextmanager
     def waiting(self, shard: str | None = None, *, timed: bool = False) -> Iterator[None]:
@@ -145,8 +163,8 @@ class DataRecorder:
             key = (
                 self._num_samples,
                 self._wait_s,
-                self._num_hits,
-                self._num_misses,
+                totals["num_cache_hits"],
+                totals["num_cache_misses"],
                 totals["waiting_since"],
                 totals["waiting_shard"],
             )
@@ -173,11 +191,36 @@ class DataRecorder:
             "ts": now,
             "num_samples": self._num_samples,
             "wait_s": self._wait_s + max(ongoing, 0.0),
-            "num_cache_hits": self._num_hits,
-            "num_cache_misses": self._num_misses,
+            "num_cache_hits": self._num_hits + sum(c.hits() for c in self._workers),
+            "num_cache_misses": self._num_misses + sum(c.misses() for c in self._workers),
             "waiting_since": waiting_since,
             "waiting_shard": waiting_shard,
         }
+
+
+class WorkerCounts:
+    """Cache hits and misses of a loader's `num_workers` worker processes, in shared
+    memory made before they start (inherited by a fork, pickled with the worker's
+    arguments by a spawn); worker w writes only its own pair.
+
+    Example:
+        >>> counts = WorkerCounts(2)
+        >>> counts.add(0, hit=True); counts.add(1, hit=False); counts.add(1, hit=True)
+        >>> counts.hits(), counts.misses()
+        (2, 1)
+    """
+
+    def __init__(self, num_workers: int) -> None:
+        self.values = multiprocessing.RawArray("q", 2 * max(int(num_workers), 1))
+
+    def add(self, worker: int, hit: bool) -> None:
+        self.values[2 * worker + (0 if hit else 1)] += 1
+
+    def hits(self) -> int:
+        return sum(self.values[0::2])
+
+    def misses(self) -> int:
+        return sum(self.values[1::2])
 
 
 _recorder: DataRecorder | None = None
@@ -203,6 +246,18 @@ def recorder() -> DataRecorder:
                 get_shipper().set_data_source(_recorder.take)
             rec = _recorder
     return rec
+
+
+def start_worker(counts: WorkerCounts, worker: int) -> None:
+    """In DataLoader worker `worker` of a loader: this process's recorder counts cache
+    hits and misses into `counts` too (the training process adds them to its totals) and
+    hands nothing to a report shipper: the worker is not the rank, and totals posted from
+    it would replace the rank's own."""
+    global _recorder
+    rec = DataRecorder()
+    rec._share = (counts, worker)
+    with _recorder_lock:
+        _recorder = rec
 
 
 def _reset_after_fork() -> None:

@@ -11,7 +11,8 @@ import pytest
 from shard_files import SEQ_LEN, token_ids, token_shards
 
 from air_sdk.errors import ConfigError, ShardChecksumError
-from air_sdk.runtime.data import ShardedDataset, write_index
+from air_sdk.runtime.data import ShardedDataset, loader, write_index
+from air_sdk.runtime.data.metrics import recorder
 
 
 def _upload(local: Path, url: str) -> None:
@@ -60,3 +61,29 @@ def test_a_remote_url_without_an_index_says_how_to_make_one(tmp_path):
     fsspec.filesystem("memory").pipe_file(f"air-tests/{tmp_path.name}-bare/a.bin", b"\0" * 64)
     with pytest.raises(ConfigError, match="has no index.json: run `air data index`"):
         ShardedDataset(f"memory://air-tests/{tmp_path.name}-bare", seq_len=4, cache_dir=tmp_path)
+
+
+def _shipper_made_here(_sample: object) -> bool:
+    from air_sdk.runtime import _shipper
+
+    return _shipper._global is not None
+
+
+def test_cache_hits_counted_in_workers_reach_the_training_process(remote, tmp_path):
+    # The shards are pinned in the DataLoader's worker processes: their hits and misses
+    # are the rank's, though the workers' own recorders die with them; and no worker
+    # makes a report shipper of its own (its totals would replace the rank's).
+    _local, url = remote
+    data = ShardedDataset(
+        url, seq_len=SEQ_LEN, dp_rank=0, dp_size=1, cache_dir=tmp_path / "cache",
+        decode=_shipper_made_here,
+    )  # fmt: skip
+    before = recorder().totals()
+    stream = loader(data, 4, num_workers=1, collate_fn=list)
+    first = [made for batch in stream for made in batch]  # epoch 0: every shard downloaded
+    second = [made for batch in stream for made in batch]  # epoch 1: new workers, cached
+    after = recorder().totals()
+    shards = len(data.index.shards)
+    assert after["num_cache_misses"] - before["num_cache_misses"] == shards
+    assert after["num_cache_hits"] - before["num_cache_hits"] == shards
+    assert len(first) == len(second) == data.num_samples and not any(first + second)
