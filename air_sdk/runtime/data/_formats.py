@@ -22,7 +22,8 @@ from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
-from air_sdk.runtime.data._index import DataIndex, ShardEntry
+from air_sdk.errors import ConfigError
+from air_sdk.runtime.data._index import DataIndex, ShardEntry, load_table
 
 __all__ = ["ShardReader", "default_decode", "open_shard", "samples_per_shard"]
 
@@ -60,8 +61,13 @@ class _Tokens:
 
 
 class _Seekable:
-    def __init__(self, path: Path, entry: ShardEntry) -> None:
+    def __init__(self, path: Path, entry: ShardEntry, table: Path | None) -> None:
         self.entry = entry
+        if table is None:
+            raise ConfigError(
+                f"the index lists no sample table for {entry.name}: run `air data index` again"
+            )
+        self.table = load_table(entry, table)
         self.file: BinaryIO = path.open("rb")
 
     def _bytes(self, offset: int, size: int) -> bytes:
@@ -77,30 +83,29 @@ class _Seekable:
 
 class _Jsonl(_Seekable):
     def read(self, k: int) -> bytes:
-        offsets = self.entry.offsets
-        assert offsets is not None
-        return self._bytes(offsets[k], offsets[k + 1] - offsets[k])
+        start, end = int(self.table[k]), int(self.table[k + 1])
+        return self._bytes(start, end - start)
 
 
 class _Tar(_Seekable):
     def read(self, k: int) -> dict[str, Any]:
-        samples = self.entry.samples
-        assert samples is not None
-        sample = samples[k]
+        sample = self.table[k]
         out: dict[str, Any] = {"__key__": sample.key}
         for ext, (offset, size) in sample.members.items():
             out[ext] = self._bytes(offset, size)
         return out
 
 
-def open_shard(index: DataIndex, entry: ShardEntry, path: Path, seq_len: int | None) -> ShardReader:
-    """A reader of `entry`, whose file is at `path`."""
+def open_shard(
+    index: DataIndex, entry: ShardEntry, path: Path, seq_len: int | None, table: Path | None
+) -> ShardReader:
+    """A reader of `entry`, whose file is at `path` (its sample table at `table`)."""
     if index.format == "tokens":
         assert seq_len is not None and index.dtype is not None
         return _Tokens(path, entry, index.dtype, seq_len)
     if index.format == "jsonl":
-        return _Jsonl(path, entry)
-    return _Tar(path, entry)
+        return _Jsonl(path, entry, table)
+    return _Tar(path, entry, table)
 
 
 def _tokens_to_tensor(view: np.ndarray) -> Any:

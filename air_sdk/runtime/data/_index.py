@@ -1,9 +1,12 @@
 """The shard index: `index.json` next to the shards, written once by `air data index DIR`.
 
 It records, per shard, the byte size and sha256 (so a store can verify a download and
-a reader can tell a stale index), how many samples (or tokens) it holds, and where
-each sample starts (JSONL lines, tar members), so that sample i of a shard is read
-with one seek: nothing is scanned at training time.
+a reader can tell a stale index) and how many samples (or tokens) it holds. Where each
+sample starts (JSONL lines, tar members) goes into one table per shard beside it,
+`.air-index/<shard>.offsets` (little-endian uint64) or `.air-index/<shard>.samples.json`,
+with its own size and sha256 in the index: `index.json` stays a few hundred bytes per
+shard whatever the shards hold, and a reader loads a shard's table when it opens the
+shard, so that sample i is read with one seek: nothing is scanned at training time.
 
 Formats, told apart by the files' extensions unless `format=` says:
 
@@ -25,8 +28,9 @@ Example:
     >>> index = write_index(root)
     >>> index.format, [(s.name, s.num_samples) for s in index.shards]
     ('jsonl', [('a.jsonl', 2)])
-    >>> read_index(root).shards[0].offsets
-    [0, 9, 18]
+    >>> entry = read_index(root).shards[0]
+    >>> entry.table, load_table(entry, root / entry.table).tolist()
+    ('.air-index/a.jsonl.offsets', [0, 9, 18])
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ import json
 import os
 import tarfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from air_sdk.errors import ConfigError
 
@@ -49,13 +53,17 @@ __all__ = [
     "INDEX_VERSION",
     "DataIndex",
     "ShardEntry",
+    "TABLE_DIR",
     "TarSample",
+    "load_table",
     "read_index",
     "write_index",
 ]
 
 INDEX_NAME = "index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+#: where the per-shard sample tables go, under the index's directory
+TABLE_DIR = ".air-index"
 Format = Literal["tokens", "jsonl", "tar"]
 FORMATS: tuple[str, ...] = ("tokens", "jsonl", "tar")
 #: which file extensions are shards of which format
@@ -86,17 +94,18 @@ class ShardEntry(BaseModel):
     """Samples (JSONL lines, tar samples); for `tokens`, the number of tokens."""
     header_bytes: int = 0
     """tokens: bytes before the first token (llm.c header, `.npy` header)."""
-    offsets: list[int] | None = None
-    """jsonl: the byte offset of every sample's line, then the file's size."""
-    samples: list[TarSample] | None = None
-    """tar: every sample's members."""
+    table: str | None = None
+    """jsonl, tar: the sample table's path relative to the index's directory: every
+    line's byte offset, then the file's size (jsonl), or every sample's members (tar)."""
+    table_bytes: int | None = None
+    table_sha256: str | None = None
 
 
 class DataIndex(BaseModel):
     """`index.json`: the format, the token dtype and every shard, in name order."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    version: Literal[1] = 1
+    version: Literal[2] = 2
     format: Format
     dtype: TokenDtype | None = None
     shards: list[ShardEntry]
@@ -165,7 +174,7 @@ def _token_entry(path: Path, name: str, dtype: str | None) -> tuple[ShardEntry, 
     return entry, found
 
 
-def _jsonl_entry(path: Path, name: str) -> ShardEntry:
+def _jsonl_entry(path: Path, name: str) -> tuple[ShardEntry, bytes]:
     offsets: list[int] = []
     position = 0
     with path.open("rb") as file:
@@ -178,10 +187,47 @@ def _jsonl_entry(path: Path, name: str) -> ShardEntry:
                 offsets.append(position)
             position += len(line)
     offsets.append(position)
-    return ShardEntry(
+    import numpy as np
+
+    table = np.asarray(offsets, dtype="<u8").tobytes()
+    entry = ShardEntry(
         name=name, bytes=position, sha256=_sha256(path), num_samples=len(offsets) - 1,
-        offsets=offsets,
+        **_table_fields(f"{name}.offsets", table),
     )  # fmt: skip
+    return entry, table
+
+
+def _table_fields(name: str, data: bytes) -> dict[str, Any]:
+    """The entry's fields for its table `data` (`_write_tables` writes it there)."""
+    return {
+        "table": f"{TABLE_DIR}/{name}",
+        "table_bytes": len(data),
+        "table_sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+_SAMPLES = TypeAdapter(list[TarSample])
+
+
+def load_table(entry: ShardEntry, path: Path) -> Any:
+    """The sample table of `entry` at `path`: the offsets of a jsonl shard (uint64 array
+    of num_samples + 1), the samples of a tar shard; a table that does not fit the entry
+    is refused (the index is stale)."""
+    import numpy as np
+
+    stale = f"the sample table of {entry.name} does not match its index: run `air data index` again"
+    if entry.table is not None and entry.table.endswith(".offsets"):
+        offsets = np.fromfile(path, dtype="<u8")
+        if len(offsets) != entry.num_samples + 1 or int(offsets[-1]) != entry.bytes:
+            raise ConfigError(stale)
+        return offsets
+    try:
+        samples = _SAMPLES.validate_json(path.read_bytes())
+    except ValidationError:
+        raise ConfigError(stale) from None
+    if len(samples) != entry.num_samples:
+        raise ConfigError(stale)
+    return samples
 
 
 def split_member_name(member: str) -> tuple[str, str]:
@@ -198,7 +244,7 @@ def split_member_name(member: str) -> tuple[str, str]:
     return (f"{directory}/{stem}" if directory else stem), ext
 
 
-def _tar_entry(path: Path, name: str) -> ShardEntry:
+def _tar_entry(path: Path, name: str) -> tuple[ShardEntry, bytes]:
     samples: list[TarSample] = []
     key: str | None = None
     members: dict[str, tuple[int, int]] = {}
@@ -224,10 +270,12 @@ def _tar_entry(path: Path, name: str) -> ShardEntry:
         raise ConfigError(f"{name} is not an uncompressed tar file: {exc}") from None
     if key is not None:
         samples.append(TarSample(key=key, members=members))
-    return ShardEntry(
+    table = _SAMPLES.dump_json(samples)
+    entry = ShardEntry(
         name=name, bytes=path.stat().st_size, sha256=_sha256(path), num_samples=len(samples),
-        samples=samples,
+        **_table_fields(f"{name}.samples.json", table),
     )  # fmt: skip
+    return entry, table
 
 
 def write_index(
@@ -252,23 +300,41 @@ def write_index(
         raise ConfigError(f"no {fmt} shards in {root}")
     shards: list[ShardEntry] = []
     dtypes: set[str] = set()
+    tables: dict[str, bytes] = {}
     for path in files:
         name = path.relative_to(root).as_posix()
         if fmt == "tokens":
             entry, found = _token_entry(path, name, dtype)
             dtypes.add(found)
-        elif fmt == "jsonl":
-            entry = _jsonl_entry(path, name)
         else:
-            entry = _tar_entry(path, name)
+            entry, table = (_jsonl_entry if fmt == "jsonl" else _tar_entry)(path, name)
+            assert entry.table is not None
+            tables[entry.table] = table
         shards.append(entry)
     if len(dtypes) > 1:
         raise ConfigError(f"{root} mixes token dtypes ({', '.join(sorted(dtypes))}): convert them")
     index = DataIndex(format=fmt, dtype=dtypes.pop() if dtypes else None, shards=shards)
+    _write_tables(root, tables)
     temporary = root / f".{INDEX_NAME}.tmp"
     temporary.write_text(index.model_dump_json(exclude_none=True) + "\n")
     temporary.replace(root / INDEX_NAME)
     return index
+
+
+def _write_tables(root: Path, tables: dict[str, bytes]) -> None:
+    # Before the index that names them; tables no shard has any more are removed.
+    for name, data in tables.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_bytes(data)
+        temporary.replace(path)
+    if (root / TABLE_DIR).is_dir():
+        for path in sorted((root / TABLE_DIR).rglob("*"), reverse=True):
+            if path.is_file() and path.relative_to(root).as_posix() not in tables:
+                path.unlink()
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
 
 
 def parse_index(raw: str | bytes, where: str, run: str) -> DataIndex:
@@ -311,6 +377,8 @@ def read_index(directory: str | os.PathLike[str], *, check_files: bool = True) -
                     f"{path} is stale: {shard.name} is {size} bytes, the index says"
                     f" {shard.bytes}; {run} again"
                 )
+            if shard.table is not None and not (root / shard.table).is_file():
+                raise ConfigError(f"{path} is stale: {shard.table} is gone; {run} again")
         extra = [
             p.relative_to(root).as_posix()
             for p in _shard_files(root)

@@ -231,7 +231,12 @@ class ShardedDataset(IterableDataset[Any]):
         entry = self.index.shards[shard]
         stack = ExitStack()
         path = stack.enter_context(self._pinned_shard(entry))
-        reader = open_shard(self.index, entry, path, self.seq_len)
+        table = None
+        if entry.table is not None:  # where its samples start (jsonl, tar)
+            table = stack.enter_context(
+                self._store.pinned(entry.table, sha256=entry.table_sha256, size=entry.table_bytes)
+            )
+        reader = open_shard(self.index, entry, path, self.seq_len, table)
         stack.callback(reader.close)
         self.num_shard_opens += 1
         self._readers[shard] = (reader, stack)

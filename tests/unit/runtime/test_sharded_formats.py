@@ -170,3 +170,46 @@ def test_mixed_formats_need_a_format_flag(tmp_path: Path) -> None:
         write_index(tmp_path)
     assert write_index(tmp_path, format="jsonl").format == "jsonl"
     assert len(everything(tmp_path)) == 12  # the .bin files beside it are not jsonl shards
+
+
+def test_the_index_stays_small_whatever_the_shards_hold(tmp_path: Path) -> None:
+    # Where each sample starts goes into one table per shard, loaded when the shard is
+    # opened: index.json is read by every rank and worker and must not grow with samples.
+    lines = [json.dumps({"id": i}) for i in range(20_000)]
+    (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
+    assert air("data", "index", str(tmp_path)).returncode == 0
+    assert (tmp_path / "index.json").stat().st_size < 600
+    (entry,) = read_index(tmp_path).shards
+    assert entry.table == ".air-index/big.jsonl.offsets" and entry.num_samples == 20_000
+    data = ShardedDataset(tmp_path, shuffle=False, dp_rank=0, dp_size=1)
+    assert data.sample(12_345) == {"id": 12_345}
+    tar_shards(tmp_path / "tars")
+    assert write_index(tmp_path / "tars").shards[1].table == ".air-index/shard-1.tar.samples.json"
+    assert everything(tmp_path / "tars")[4]["__key__"] == "sub/010000"
+
+
+def test_a_sample_table_that_does_not_fit_its_shard_is_refused(tmp_path: Path) -> None:
+    jsonl_shards(tmp_path)
+    index = write_index(tmp_path)
+    table = tmp_path / str(index.shards[1].table)
+    table.write_bytes(table.read_bytes()[:-8])  # one offset short
+    with pytest.raises(ConfigError, match="the sample table of part-1.jsonl does not match"):
+        everything(tmp_path)
+    table.unlink()
+    with pytest.raises(ConfigError, match=r"\.air-index/part-1\.jsonl\.offsets is gone"):
+        read_index(tmp_path)
+    (tmp_path / "part-1.jsonl").unlink()
+    write_index(tmp_path)  # the table of a shard that is gone goes with it
+    assert sorted(p.name for p in (tmp_path / ".air-index").iterdir()) == ["part-0.jsonl.offsets"]
+
+
+def test_an_index_of_an_older_air_says_to_index_again(tmp_path: Path) -> None:
+    jsonl_shards(tmp_path)
+    (tmp_path / "index.json").write_text(
+        '{"version": 1, "format": "jsonl", "shards": [{"name": "part-0.jsonl", "bytes": 1,'
+        ' "sha256": "0", "num_samples": 5, "offsets": [0, 1, 2, 3, 4, 5]}]}'
+    )
+    with pytest.raises(
+        ConfigError, match=r"not a valid index \(version 2\): version.*air data index"
+    ):
+        read_index(tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from shard_files import SEQ_LEN, token_ids, token_shards
+from shard_files import SEQ_LEN, jsonl_shards, token_ids, token_shards
 
 from air_sdk.errors import ConfigError, ShardChecksumError
 from air_sdk.runtime.data import ShardedDataset, loader, write_index
@@ -17,8 +17,9 @@ from air_sdk.runtime.data.metrics import recorder
 
 def _upload(local: Path, url: str) -> None:
     fs = fsspec.filesystem("memory")
-    for path in sorted(local.iterdir()):
-        fs.pipe_file(f"{url.removeprefix('memory://')}/{path.name}", path.read_bytes())
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        name = path.relative_to(local).as_posix()
+        fs.pipe_file(f"{url.removeprefix('memory://')}/{name}", path.read_bytes())
 
 
 @pytest.fixture
@@ -87,3 +88,21 @@ def test_cache_hits_counted_in_workers_reach_the_training_process(remote, tmp_pa
     assert after["num_cache_misses"] - before["num_cache_misses"] == shards
     assert after["num_cache_hits"] - before["num_cache_hits"] == shards
     assert len(first) == len(second) == data.num_samples and not any(first + second)
+
+
+def test_remote_jsonl_shards_are_read_through_their_sample_tables(tmp_path):
+    local = tmp_path / "local"
+    written = jsonl_shards(local)
+    index = write_index(local)
+    url = f"memory://air-tests/{tmp_path.name}-jsonl"
+    _upload(local, url)
+    kw = {"shuffle": False, "dp_rank": 0, "dp_size": 1}
+    data = ShardedDataset(url, cache_dir=tmp_path / "cache", **kw)
+    assert list(data) == written
+    fs = fsspec.filesystem("memory")
+    table = f"{url.removeprefix('memory://')}/{index.shards[0].table}"
+    fs.pipe_file(table, b"\x01" + fs.cat_file(table)[1:])  # same size, other bytes
+    again = ShardedDataset(url, cache_dir=tmp_path / "cache2", **kw)
+    with pytest.raises(ShardChecksumError, match=r"part-0\.jsonl\.offsets"):
+        list(again)
+    fs.rm(url.removeprefix("memory://"), recursive=True)
