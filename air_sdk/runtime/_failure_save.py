@@ -19,7 +19,8 @@ as always):
   nor `AIR_CHECKPOINT_ON_FAILURE=0` turned it off;
 * `air.checkpoint.save` or `load` saw the state, and it holds only
   DistributedDataParallel modules (replicated: a survivor has all of them),
-  optimizers, LR schedulers and `air.resumable_loader`s / samplers. A plain value
+  optimizers, LR schedulers, `air.resumable_loader`s / samplers and
+  `air.data.ShardedDataset`s / `air.data.loader`s. A plain value
   or tensor could be changed by the loop between steps; a sharded module (FSDP2,
   tensor parallel: DTensor parameters) or a pipeline's model parts live partly on
   the dead rank, so for those a one-line message says why nothing was saved;
@@ -114,7 +115,7 @@ class _Tracker:
 
         self.base_step = step
         self.steps = {id(o): 0 for o in self.optimizers}
-        self.positions = {k: v.state_dict() for k, v in self.loaders.items()}
+        self.positions = {k: _position(v) for k, v in self.loaders.items()}
         self.marks_at_step = get_shipper().num_step_marks
 
     def on_optimizer_step(self, optimizer: Any) -> None:
@@ -123,7 +124,7 @@ class _Tracker:
         if id(optimizer) not in self.steps:
             return
         self.steps[id(optimizer)] += 1
-        self.positions = {k: v.state_dict() for k, v in self.loaders.items()}
+        self.positions = {k: _position(v) for k, v in self.loaders.items()}
         self.marks_at_step = get_shipper().num_step_marks
 
     def step_to_save(self) -> tuple[int | None, str]:
@@ -215,10 +216,25 @@ def _on_step(optimizer: Any, _args: Any, _kwargs: Any) -> None:
 
 
 def _is_loader(value: Any) -> bool:
-    data = sys.modules.get("air_sdk.runtime.data")
-    return data is not None and isinstance(
-        value, (data.StatefulDistributedSampler, data.ResumableLoader)
-    )
+    kinds = [
+        getattr(sys.modules.get(module), name, None)
+        for module, name in (
+            ("air_sdk.runtime.data", "StatefulDistributedSampler"),
+            ("air_sdk.runtime.data", "ResumableLoader"),
+            ("air_sdk.runtime.data._sharded", "ShardedDataset"),
+            ("air_sdk.runtime.data._stream_loader", "StreamLoader"),
+        )
+    ]
+    return isinstance(value, tuple(k for k in kinds if k is not None))
+
+
+def _position(loader: Any) -> dict[str, Any]:
+    # A ShardedDataset's state_dict() agrees on the position with a collective, which
+    # cannot run once a peer died (nor at every optimizer step): under data parallelism,
+    # the only layout a failure save covers, each rank consumed as many batches, so its
+    # own view is everyone's.
+    local = getattr(loader, "local_state_dict", None)
+    return local() if local is not None else loader.state_dict()
 
 
 def ineligible_state(state: Mapping[str, Any]) -> str | None:

@@ -311,7 +311,15 @@ class ShardedDataset(IterableDataset[Any]):
         In a process group every rank must call it (`air.checkpoint.save` does): the
         position saved is the smallest over the ranks that read since the last load (a
         pipeline's middle stages, which read nothing, do not hold it back)."""
-        epoch, position = self._agreed()
+        return self._state(*self._agreed())
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """`state_dict()` as this rank sees it, with no collective: what a survivor of a
+        failed peer saves (docs/failure-handling.md). Only under pure data parallelism,
+        where every rank consumed as many batches, is it everyone's."""
+        return self._state(self.epoch, self.position)
+
+    def _state(self, epoch: int, position: int) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "epoch": epoch,

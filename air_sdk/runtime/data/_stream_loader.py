@@ -77,6 +77,9 @@ class StreamLoader:
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()
 
+    def local_state_dict(self) -> dict[str, Any]:
+        return self.dataset.local_state_dict()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.dataset.load_state_dict(state)
 

@@ -353,3 +353,46 @@ def test_an_armed_rank_says_when_it_is_past_its_save(
     except ValueError as bug:
         _failure_save._excepthook(ValueError, bug, bug.__traceback__)
     assert done.exists() and not (tmp_path / "ckpt" / "step-3").exists()
+
+
+def test_a_survivor_saves_a_sharded_datasets_position_as_of_the_last_step(
+    tmp_path: Path, rank_0_of_two: Shipper
+) -> None:
+    # Its state_dict() agrees on the position with a collective, which cannot run once a
+    # peer died: the survivor saves its own view (every DDP rank consumed as many batches).
+    from shard_files import SEQ_LEN, token_shards
+
+    from air_sdk.runtime.data import ShardedDataset, loader, write_index
+
+    root = token_shards(tmp_path / "tokens")
+    write_index(root)
+
+    def sharded_state(seed: int) -> dict[str, Any]:
+        state = make_state(seed)
+        data = ShardedDataset(root, seq_len=SEQ_LEN, seed=4, dp_rank=0, dp_size=1)
+        state["data"] = loader(data, 4, num_workers=1)
+        return state
+
+    def pairs(stream: Any) -> Any:
+        for batch in stream:
+            yield batch[:, :4].float(), batch[:, 4:6].float()
+
+    ckpt = Checkpointer(tmp_path / "ckpt")
+    state = sharded_state(0)
+    assert ckpt.load(state) is None
+    assert _failure_save._tracker is not None and _failure_save._tracker.problem is None
+    batches = pairs(state["data"])
+    train(state, batches, rank_0_of_two, first=1, n=3)
+    position = state["data"].state_dict()
+    assert position["position"] == 12
+    exc, tb = failing_backward(state, batches)  # step 4 takes a batch, then fails
+    assert _failure_save.collective_failure(exc, tb)
+    assert _failure_save.save_at_failure(_failure_save._tracker) == 3
+
+    fresh = sharded_state(1)
+    assert Checkpointer(tmp_path / "ckpt").load(fresh) == 3
+    assert fresh["data"].state_dict() == position  # step 4's batch is read again
+    expected = list(pairs(state["data"]))  # what the first run had left after step 4's
+    resumed = list(pairs(fresh["data"]))
+    assert len(resumed) == len(expected) + 1
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(resumed[1:], expected, strict=True))
