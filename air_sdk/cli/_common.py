@@ -92,6 +92,7 @@ def flag_message(exc: AirError) -> str:
     """
     from pydantic import ValidationError
 
+    from air_sdk.client.client import validation_errors
     from air_sdk.client.options import JOB_OPTIONS
 
     cause = exc.__cause__
@@ -99,9 +100,7 @@ def flag_message(exc: AirError) -> str:
         return str(exc)
     flags = {o.info.spec or o.name: o.flag for o in JOB_OPTIONS}
     said = []
-    for err in cause.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    for loc, msg, err in validation_errors(cause):
         if err.get("type") in ("greater_than_equal", "less_than_equal"):
             bound = (err.get("ctx") or {}).get("ge", (err.get("ctx") or {}).get("le"))
             word = "least" if err["type"] == "greater_than_equal" else "most"

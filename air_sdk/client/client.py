@@ -34,7 +34,7 @@ from air_sdk.schema.slo import SloReport
 from air_sdk.schema.spec import JobSpec
 from air_sdk.schema.state import JobState
 
-__all__ = ["Client", "default_workdir", "format_validation_error", "job_spec"]
+__all__ = ["Client", "default_workdir", "format_validation_error", "job_spec", "validation_errors"]
 
 _M = TypeVar("_M", bound=BaseModel)
 _NAME_BAD_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -56,12 +56,27 @@ def format_validation_error(exc: ValidationError) -> str:
         ...     print(format_validation_error(exc))
         max_restarts: Input should be greater than or equal to 0
     """
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return "\n".join(lines)
+    return "\n".join(f"{loc}: {msg}" if loc else msg for loc, msg, _ in validation_errors(exc))
+
+
+def validation_errors(exc: ValidationError) -> list[tuple[str, str, Any]]:
+    """(dotted field, message, pydantic's error) for each error of `exc`.
+
+    Example:
+        >>> try:
+        ...     JobSpec(entrypoint="train.py", max_restarts=-1)
+        ... except ValidationError as exc:
+        ...     [(loc, msg) for loc, msg, _ in validation_errors(exc)]
+        [('max_restarts', 'Input should be greater than or equal to 0')]
+    """
+    return [
+        (
+            ".".join(str(p) for p in err.get("loc", ())),
+            str(err.get("msg", "invalid")).removeprefix("Value error, "),
+            err,
+        )
+        for err in exc.errors()
+    ]
 
 
 def job_spec(**fields: Any) -> JobSpec:
