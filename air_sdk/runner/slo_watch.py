@@ -8,10 +8,10 @@ What each kind measures:
 - `queue_wait`: every start of a job (QUEUED -> SCHEDULED), its time in the queue;
 - `goodput`: every job that ended after at least one attempt, its productive and lost
   seconds (`air_sdk.runner.accounting`);
-- `time_to_detect`: every failed attempt with a rank exit time (a crash, an OOM, a
-  failed start): from the first failing rank's end to the runner ending the attempt.
-  A hang is detected at its hang timeout by design and a lost node has no exit time:
-  neither is counted.
+- `time_to_detect`: every failed attempt whose failure the runner can date
+  (`detection_seconds`): a crash (an OOM, a failed start) from the first failing
+  rank's exit, a hang from the moment progress stopped (its hang timeout is part of
+  detecting it), a lost node from its last heartbeat, to the runner's verdict.
 
 Example:
     >>> watch = SloWatch(store, policy)  # doctest: +SKIP
@@ -37,14 +37,14 @@ from air_sdk.scheduler.slo import (
     latency_sample,
     queue_risk_text,
 )
-from air_sdk.schema import JobRecord, JobState, SloBurn, SloBurner, SloStatus
+from air_sdk.schema import FailureInfo, JobRecord, JobState, SloBurn, SloBurner, SloStatus
 from air_sdk.store import SqliteStore
 from air_sdk.store.jobs import Transition
 from air_sdk.store.stats import EndedJob
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NOTES_EVERY_S", "SloWatch", "ended_job_times", "status"]
+__all__ = ["NOTES_EVERY_S", "SloWatch", "detection_seconds", "ended_job_times", "status"]
 
 #: how old an SLO's measure the queue's explanations may use
 NOTES_EVERY_S = 5.0
@@ -85,9 +85,8 @@ class SloWatch:
         if spec.kind == "time_to_detect":
             out = []
             for f in self.store.failed_attempts(tenant, since):
-                died = [e.ended_at for e in f.failure.rank_exits if e.ended_at and not e.ok]
-                if died:
-                    seconds = max(0.0, f.ended_at - min(died))
+                seconds = detection_seconds(f.failure, attempt_ended_at=f.ended_at)
+                if seconds is not None:
                     out.append(
                         latency_sample(f.job_id, ts=f.ended_at, seconds=seconds, target=spec.target)
                     )
@@ -186,6 +185,30 @@ class SloWatch:
                     notes[job.id] = text
                     break
         return notes
+
+
+def detection_seconds(failure: FailureInfo, *, attempt_ended_at: float) -> float | None:
+    """How long `failure` went unnoticed: from when it happened (`failed_at`) to the
+    runner's verdict (`detected_at`, else the attempt's end); None when the runner could
+    not date it (a timeout, a startup that never reported). Failures recorded before
+    `failed_at` existed are dated by their first failing rank's exit.
+
+    Example:
+        >>> hang = FailureInfo(attempt=1, reason="hung", kind="hang", failed_at=100.0,
+        ...                    detected_at=130.0)
+        >>> detection_seconds(hang, attempt_ended_at=135.0)
+        30.0
+        >>> detection_seconds(FailureInfo(attempt=1, reason="?"), attempt_ended_at=1.0) is None
+        True
+    """
+    failed_at = failure.failed_at
+    if failed_at is None:
+        died = [e.ended_at for e in failure.rank_exits if e.ended_at and not e.ok]
+        failed_at = min(died) if died else None
+    if failed_at is None:
+        return None
+    detected_at = failure.detected_at if failure.detected_at is not None else attempt_ended_at
+    return max(0.0, detected_at - failed_at)
 
 
 def ended_job_times(store: SqliteStore, job: JobRecord) -> tuple[float, float] | None:

@@ -191,6 +191,12 @@ class FailureInfo(_Payload):
     collectives: dict[int, list[str]] = Field(default_factory=dict)
     #: False for failures not charged to the restart budget (preemption, a lost gateway)
     charged: bool = True
+    #: when the failure happened, as far as the runner can tell: the first failing rank's
+    #: exit (a crash), the moment progress stopped (a hang), the node's last heartbeat (a
+    #: lost node); None when it cannot tell. The `time_to_detect` SLO measures from it.
+    failed_at: float | None = None
+    #: when the runner gave its verdict (before it tore the attempt down)
+    detected_at: float | None = None
 
 
 # ---- control-plane events -----------------------------------------------------------------

@@ -100,12 +100,55 @@ def test_the_priority_filter_and_other_tenants(store):
     assert [s.tenant for s in watch.statuses(None, time.time())] == ["acme"]
 
 
-def test_time_to_detect_counts_failures_with_an_exit_time(store):
+def test_time_to_detect_counts_crashes_hangs_and_lost_nodes(store):
+    spec = SloSpec(name="detect", kind="time_to_detect", target=30, objective=0.5)
+    watch = watch_for(store, spec)
+    now = time.time()
+    # a crash noticed 2 s after its rank died, a hang noticed at its 60 s timeout after
+    # progress stopped (bad: over 30 s), a lost node noticed 10 s after its last report
+    failures = {
+        "crash": FailureInfo(
+            attempt=1,
+            reason="rank 0 exit code 3",
+            rank_exits=[RankExit(rank=0, exit_code=3, ended_at=now - 102)],
+            failed_at=now - 102,
+            detected_at=now - 100,
+        ),
+        "hang": FailureInfo(
+            attempt=1, reason="hung", kind="hang", failed_at=now - 160, detected_at=now - 100
+        ),
+        "lost_node": FailureInfo(
+            attempt=1,
+            reason="node n1 lost",
+            kind="lost_node",
+            node="n1",
+            failed_at=now - 110,
+            detected_at=now - 100,
+        ),
+        # a timeout is no failure to detect: the runner gives it no date
+        "timeout": FailureInfo(attempt=1, reason="ran past its timeout", kind="timeout"),
+    }
+    jobs = {}
+    for kind, failure in failures.items():
+        jobs[kind] = job = submitted(store)
+        attempt = placed(store, job)
+        store.end_attempt(job, attempt, failure.reason, failure)
+        store.transition(job, JobState.FAILED, failure.reason, failure=failure)
+    (status,) = watch.statuses("acme", time.time())
+    assert status.num_samples == 3
+    assert status.value == pytest.approx(10)  # the p50 of 2, 10 and 60 s
+    assert [b.job_id for b in status.burned_by] == [jobs["hang"]]
+    # 1 bad of 3 over a budget of 50%: two thirds of it spent, past the threshold, and
+    # the event was written on the job whose failure crossed it
+    assert status.burning and status.budget_left == pytest.approx(1 - (1 / 3) / 0.5)
+    assert [b.slo for b in slo_events(store, jobs["hang"])] == ["detect"]
+
+
+def test_time_to_detect_reads_failures_stored_before_they_were_dated(store):
     spec = SloSpec(name="detect", kind="time_to_detect", target=30, objective=0.9)
     watch = watch_for(store, spec)
     job = submitted(store)
     attempt = placed(store, job)
-    store.transition(job, JobState.RUNNING, "up")
     died = time.time() - 45  # the rank died 45 s before the runner ended the attempt
     crash = FailureInfo(
         attempt=attempt,
@@ -113,15 +156,8 @@ def test_time_to_detect_counts_failures_with_an_exit_time(store):
         rank_exits=[RankExit(rank=0, exit_code=3, ended_at=died)],
     )
     store.end_attempt(job, attempt, crash.reason, crash)
-    hang = FailureInfo(attempt=attempt, reason="hung", kind="hang")  # no exit time: not counted
-    store.transition(job, JobState.FAILED, crash.reason, failure=crash)
-    other = submitted(store)
-    a2 = placed(store, other)
-    store.end_attempt(other, a2, "hung", hang)
     (status,) = watch.statuses("acme", time.time())
     assert status.num_samples == 1 and status.value == pytest.approx(45, abs=2)
-    assert status.burning and status.burned_by[0].job_id == job
-    assert [b.slo for b in slo_events(store, job)] == ["detect"]
 
 
 def test_goodput_of_ended_jobs(store):
