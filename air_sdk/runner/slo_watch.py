@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable
 
@@ -65,11 +64,8 @@ class SloWatch:
     def __init__(self, store: SqliteStore, policy: SchedulerPolicy) -> None:
         self.store = store
         self.policy = policy
-        #: (tenant, SLO name) burning now: an event is written once per crossing
-        self._burning: set[tuple[str, str]] = set()
         #: the queue's notes re-measure an SLO at most every NOTES_EVERY_S
         self._noted: dict[tuple[str, str], tuple[float, Budget]] = {}
-        self._lock = threading.Lock()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -117,7 +113,7 @@ class SloWatch:
 
     def on_transition(self, change: Transition) -> None:
         """A store transition listener: re-measure the SLOs this change adds a sample to,
-        and write an `slo` event on the job when one starts burning."""
+        and write an `slo` event on the job when one starts burning or recovers."""
         kinds = _KINDS_OF_CHANGE.get(change.job.state)
         if (
             kinds is None
@@ -130,19 +126,14 @@ class SloWatch:
             self.check(change.job, specs, time.time())
 
     def check(self, job: JobRecord, specs: Iterable[SloSpec], now: float) -> list[SloBurn]:
-        """Measure `specs` of the job's tenant; for each that crossed its threshold since
-        the last check, write an `slo` event on `job`. Returns the events written."""
+        """Measure `specs` of the job's tenant; for each that crossed its threshold, or
+        recovered below it, since the last check (by any gateway on this store: the store
+        keeps which SLOs burn), write an `slo` event on `job`. Returns the events
+        written."""
         written = []
         for spec in specs:
             budget = self.budget(spec, job.tenant, now)
-            key = (job.tenant, spec.name)
-            with self._lock:
-                crossed = budget.burning and key not in self._burning
-                if budget.burning:
-                    self._burning.add(key)
-                else:
-                    self._burning.discard(key)
-            if crossed:
+            if self.store.mark_slo(job.tenant, spec.name, burning=budget.burning, now=now):
                 burn = SloBurn(
                     tenant=job.tenant,
                     slo=spec.name,
@@ -154,9 +145,11 @@ class SloWatch:
                     burn_rate=budget.burn_rate,
                     threshold=spec.alert_burned,
                     jobs=[job_id for job_id, _ in budget.burners],
+                    burning=budget.burning,
                 )
                 self.store.append_event(job.id, burn, attempt=job.attempt or None)
-                log.warning("tenant %s: SLO %r is burning: %s", job.tenant, spec.name, burn)
+                how = "is burning" if burn.burning else "recovered"
+                log.warning("tenant %s: SLO %r %s: %s", job.tenant, spec.name, how, burn)
                 written.append(burn)
         return written
 

@@ -164,9 +164,11 @@ def test_goodput_of_ended_jobs(store):
     spec = SloSpec(name="goodput", kind="goodput", target=0.9, objective=0.9)
     watch = watch_for(store, spec)
     job = submitted(store)
-    placed(store, job)
+    attempt = placed(store, job)
     store.transition(job, JobState.RUNNING, "up")
-    store.transition(job, JobState.FAILED, "crashed")  # nothing kept: all of it lost
+    # nothing kept: all of it lost (an attempt left open would count as still running)
+    store.end_attempt(job, attempt, "crashed")
+    store.transition(job, JobState.FAILED, "crashed")
     never_ran = submitted(store)
     store.request_cancel(never_ran)
     (status,) = watch.statuses("acme", time.time())
@@ -185,3 +187,30 @@ def test_queue_notes_name_waiting_jobs_of_tenants_at_risk(store):
     assert set(notes) == {old}
     assert "SLO 'wait' (p95 queue wait under 10 min) is at risk" in notes[old]
     assert new not in notes
+
+
+def test_which_slos_burn_survives_a_restart_of_the_watch(store, tmp_path):
+    """The memory of "already burning" is the store's: a watch over the database
+    reopened (a restarted gateway) writes no second burn, and does write the recovery."""
+    watch_for(store, WAIT)
+    slow = submitted(store)
+    backdate_queue(store, slow, 900)
+    placed(store, slow)  # 1 of 1 starts over 10 min: burning
+    assert [b.burning for b in slo_events(store, slow)] == [True]
+    store.close()
+
+    again = SqliteStore(tmp_path / "air.db")
+    assert again.burning_slos().keys() == {("acme", "wait")}
+    watch_for(again, WAIT)
+    fast = submitted(again)
+    placed(again, fast)  # 1 of 2 bad: the whole budget of 50% spent, still burning
+    assert slo_events(again, fast) == []
+    recovered_by = None
+    for _ in range(3):  # 1 of 3, 1 of 4 bad: still burning; 1 of 5: recovered
+        recovered_by = submitted(again)
+        placed(again, recovered_by)
+    (recovery,) = slo_events(again, recovered_by)
+    assert not recovery.burning and recovery.slo == "wait"
+    assert recovery.burn_rate == pytest.approx(0.4) and recovery.budget_left == pytest.approx(0.6)
+    assert again.burning_slos() == {}
+    assert [e.burning for e in slo_events(again, slow)] == [True]  # written once, ever
