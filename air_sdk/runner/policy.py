@@ -335,7 +335,7 @@ class HangPolicy:
             10.0
         """
         if silent:
-            seen = [p.active_ts for p in ranks.values() if p.active_ts is not None]
+            seen = [p.active_ts for p in ranks.values()]
         else:
             seen = [ranks[r].progress_ts for r in hung if r in ranks]
         known = [ts for ts in seen if ts is not None]
