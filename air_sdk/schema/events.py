@@ -20,7 +20,7 @@ through it (never as dicts by key):
 | `alert`      | `Alert` (straggler, reattached, ...)                        | the runner         |
 | `result`     | `FunctionResult` (an `@air_sdk.distributed` call), rank set | worker reports     |
 | `export`     | `ExportStatus` (where a tracker export goes, done, failed)  | the export service |
-| `slo`        | `SloBurn` (a tenant's SLO burned its budget past a threshold) | the runner       |
+| `slo`        | `SloBurn` (a tenant's SLO burned its budget past a threshold, or recovered) | the runner |
 
 On the wire and in the store an event's `data` is the payload's JSON, as it
 always was, so stored rows read back unchanged. A reader ignores fields it does
