@@ -21,7 +21,7 @@ from rich.text import Text
 
 from air_sdk.cli.act_on import goodput_text, hang_lines
 from air_sdk.schema.api import JobRecord, MetricRow
-from air_sdk.schema.events import EventType, ExportStatus, LogBatch
+from air_sdk.schema.events import EventType, LogBatch
 from air_sdk.schema.numbers import format_value
 from air_sdk.schema.snapshot import (
     DERIVED_METRICS,
@@ -246,20 +246,12 @@ def status_text(record: JobRecord, snapshot: JobSnapshot | None) -> Group:
     if record.goodput is not None:
         parts.append(Text(goodput_text(record)))
     if snapshot is not None:
-        parts.extend(Text(export_line(e)) for e in snapshot.exports.values())
+        parts.extend(Text(e.describe()) for e in snapshot.exports.values())
     if record.cancel_requested and not record.state.terminal:
         parts.append(Text("cancel requested", style="yellow"))
     if record.state is JobState.FAILED:
         parts.extend(failure_lines(record, snapshot))
     return Group(*parts)
-
-
-def export_line(export: ExportStatus) -> str:
-    """Where a tracker export goes and how it went, e.g.
-    `export to tensorboard: done, /home/exports/j/tensorboard`."""
-    if export.state == "failed":
-        return f"export to {export.to}: failed: {export.error}"
-    return f"export to {export.to}: {export.state}, {export.location}"
 
 
 def progress_metrics(snapshot: JobSnapshot) -> str:

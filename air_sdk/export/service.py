@@ -1,9 +1,12 @@
-"""ExportService: the gateway's thread that forwards exporting jobs' events to trackers.
+"""ExportService: the gateway's threads that forward exporting jobs' events to trackers.
 
-For each job whose spec names trackers (`JobSpec.export`) and each tracker, it starts a
-worker process (`air_sdk.export.worker`), feeds it the job's `metrics` and `checkpoint`
-events in order, and, once the job has ended and everything is written, its final
-state. Its position (the last event seq the worker confirmed), the run to write on
+For each job whose spec names trackers (`JobSpec.export`) and each tracker, a thread of
+its own starts a worker process (`air_sdk.export.worker`), feeds it the job's `metrics`
+and `checkpoint` events in order, and, once the job has ended and everything is
+written, its final state. Each tracker of a job has its own thread, worker, position
+and outcome, so a tracker that is slow or hangs (an MLflow server that never answers)
+delays no other: the job's TensorBoard files are complete while its MLflow export
+still waits. One dispatching thread starts those threads for the jobs it follows. Its position (the last event seq the worker confirmed), the run to write on
 into, and the outcome are kept in `<exports>/<job>/<tracker>/state.json`: a gateway
 that restarts carries on from there (a batch written but not yet confirmed when the
 gateway died is written again: MLflow and TensorBoard then hold that batch twice, at
@@ -153,6 +156,8 @@ class ExportService:
         self.poll_s = poll_s
         self._active: set[str] = set()
         self._workers: dict[tuple[str, str], _Worker] = {}
+        #: (job, tracker) -> the thread that exports it
+        self._followers: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -209,26 +214,32 @@ class ExportService:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop following: the workers are killed (a worker waiting on a tracker that
+        never answers included), and every export carries on from its position when a
+        gateway starts again."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self._lock:
             workers, self._workers = list(self._workers.values()), {}
+            followers = list(self._followers.values())
         for worker in workers:
             worker.stop()
+        for follower in followers:
+            follower.join(timeout=30)
 
     # -- the loop -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The dispatcher: a thread for each tracker of each followed job that has not
+        finished; a job is dropped once all of its trackers finished."""
         while not self._stopping.is_set():
             with self._lock:
                 active = sorted(self._active)
             for job_id in active:
-                if self._stopping.is_set():
-                    return
                 try:
-                    if self._pump(job_id):
+                    if self._dispatch(job_id):
                         with self._lock:
                             self._active.discard(job_id)
                 except Exception:  # one job's trouble never stops the others' exports
@@ -236,28 +247,63 @@ class ExportService:
             self._wake.wait(self.poll_s)
             self._wake.clear()
 
-    def _pump(self, job_id: str) -> bool:
-        """Move every tracker of `job_id` on; True when all of them are finished."""
+    def _dispatch(self, job_id: str) -> bool:
+        """Start a thread for each tracker of `job_id` that has none and has not
+        finished; True when all of them are finished."""
         job = self.store.get_job(job_id)
         if job is None:
             return True
         finished = True
         for target in job.spec.export:
-            state = self._load(job_id, target.to)
-            if state.state in ("done", "failed"):
+            key = (job_id, target.to)
+            with self._lock:
+                follower = self._followers.get(key)
+            if follower is not None and follower.is_alive():
+                finished = False
+                continue
+            if self._load(job_id, target.to).state in ("done", "failed"):
                 continue
             finished = False
-            if time.time() < state.retry_at:
-                continue
-            try:
-                self._advance(job, target, state)
-            except ExportError as exc:
-                self._failed(job, target, state, str(exc))
+            follower = threading.Thread(
+                target=self._follow,
+                args=(job_id, target),
+                name=f"air-export-{job_id}-{target.to}",
+                daemon=True,
+            )
+            with self._lock:
+                if self._stopping.is_set():
+                    break
+                self._followers[key] = follower
+            follower.start()
         return finished
+
+    def _follow(self, job_id: str, target: ExportTarget) -> None:
+        """One job's export to one tracker, on its own thread, until it is done or failed
+        (or the service stops)."""
+        state = self._load(job_id, target.to)
+        while not self._stopping.is_set() and state.state not in ("done", "failed"):
+            if time.time() >= state.retry_at:
+                job = self.store.get_job(job_id)
+                if job is None:
+                    return
+                try:
+                    self._advance(job, target, state)
+                except ExportError as exc:
+                    if self._stopping.is_set():
+                        return  # the gateway stops: not the tracker's failure
+                    self._failed(job, target, state, str(exc))
+                except Exception:  # tried again at the next poll
+                    log.exception("export of job %s to %s", job_id, target.to)
+            if state.state in ("done", "failed"):
+                return
+            retry_in = state.retry_at - time.time()
+            self._stopping.wait(retry_in if 0 < retry_in < self.poll_s else self.poll_s)
 
     def _advance(self, job: JobRecord, target: ExportTarget, state: _State) -> None:
         key = (job.id, target.to)
-        worker = self._workers.get(key) or self._start(job, target, state)
+        with self._lock:
+            worker = self._workers.get(key)
+        worker = worker or self._start(job, target, state)
         while not self._stopping.is_set():
             events = self.store.read_events(
                 job.id,
@@ -300,7 +346,11 @@ class ExportService:
             worker = _Worker(
                 [sys.executable, "-I", "-m", "air_sdk.export.worker"], env, directory, stderr
             )
-        self._workers[(job.id, target.to)] = worker
+        with self._lock:
+            if self._stopping.is_set():  # stop() has taken the workers it kills already
+                worker.stop()
+                raise ExportError("the gateway is stopping")
+            self._workers[(job.id, target.to)] = worker
         start = {
             "to": target.to,
             "dest": target.dest,
@@ -353,7 +403,8 @@ class ExportService:
         self._save(job.id, target.to, state)
 
     def _drop_worker(self, key: tuple[str, str]) -> None:
-        worker = self._workers.pop(key, None)
+        with self._lock:
+            worker = self._workers.pop(key, None)
         if worker is not None:
             worker.stop()
 

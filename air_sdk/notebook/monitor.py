@@ -12,13 +12,10 @@ cell ends) do the work:
   interval, so a quiet job still shows its latest event), redraws the chart only
   when the charted series changed, and makes a final redraw when the job ends.
 
-Widget values are only ever assigned (never `with out:` from a thread). All the
-HTML comes from `snapshot_html.py`, which also gives the static copy the notebook keeps.
-
-CSS classes (for browser tests): `air-monitor` (root), `air-state`, `air-step`,
-`air-progress`, `air-metrics`, `air-metric`, `air-chart`, `air-util`,
-`air-checkpoints`, `air-failure`, `air-log-rank`, `air-logs`, `air-error`,
-`air-cancel`.
+The widgets, their CSS classes (for browser tests) and how a redraw fills them are
+`monitor_widgets.py`'s; what a redraw shows is computed by `monitor_view.py`. All the
+HTML comes from `snapshot_html.py`, which also gives the static copy the notebook keeps
+and the gateway's /ui job page.
 
 Example:
     >>> monitor = job.monitor(total_steps=1000)  # doctest: +SKIP
@@ -36,19 +33,13 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-try:
-    import ipywidgets as widgets
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "the AIR job monitor needs ipywidgets: pip install 'air-runtime[notebook]'"
-    ) from exc
-
 from air_sdk.client._http import retrying
 from air_sdk.errors import AuthError, JobTimeoutError, NotFoundError
 from air_sdk.notebook import snapshot_html
 from air_sdk.notebook.chart import render_chart_png
 from air_sdk.notebook.display_copies import DisplayCopies
 from air_sdk.notebook.monitor_view import MonitorView, chart_key_of, chosen_metric, monitor_view
+from air_sdk.notebook.monitor_widgets import MonitorWidgets
 from air_sdk.schema.events import Event
 from air_sdk.schema.snapshot import JobSnapshot
 
@@ -150,12 +141,18 @@ class JobMonitor:
         self._last_render = -math.inf
         self._cancel_clicked = False
         self._closed = False
-        self._syncing = False
         self._follower: threading.Thread | None = None
         self._renderer: threading.Thread | None = None
         #: where the monitor was displayed: its saved copies get the final state
         self._copies = DisplayCopies()
-        self._build_widgets()
+        self._face = MonitorWidgets(
+            on_cancel=self._on_cancel_click,
+            on_metric=lambda metric: self._on_choice(metric=metric),
+            on_log_rank=lambda rank: self._on_choice(log_rank=rank),
+        )
+        #: the live widget (`air-monitor`); `monitor_widgets.py` lists its parts' classes
+        self.widget = self._face.root
+        self._face.apply(self._view(), cancel_clicked=False)
         if start:
             self.start()
 
@@ -225,8 +222,7 @@ class JobMonitor:
         renderer = self._renderer
         if renderer is not None and renderer is not threading.current_thread():
             renderer.join(timeout=5.0)
-        for widget in self._all_widgets:
-            widget.close()
+        self._face.close()
 
     @property
     def closed(self) -> bool:
@@ -264,113 +260,19 @@ class JobMonitor:
         with self._lock:
             return self._text()
 
-    # -- widgets -----------------------------------------------------------------
+    # -- the user's picks and clicks -------------------------------------------------
 
-    def _build_widgets(self) -> None:
-        layout = widgets.Layout
-        self._state_widget = widgets.HTML(layout=layout(margin="0 12px 0 0"))
-        self._cancel_button = widgets.Button(
-            description="Cancel",
-            button_style="danger",
-            icon="stop",
-            tooltip="Cancel this job: job.cancel()",
-            layout=layout(width="auto"),
-        )
-        self._cancel_button.on_click(self._on_cancel_click)
-        self._progress_widget = widgets.IntProgress(
-            value=0, min=0, max=1, layout=layout(width="260px")
-        )
-        self._step_widget = widgets.HTML(layout=layout(margin="0 0 0 8px"))
-        self._metrics_widget = widgets.HTML()
-        self._metric_select = widgets.Dropdown(
-            options=[], description="metric", layout=layout(width="280px")
-        )
-        self._metric_select.observe(self._on_metric_change, names="value")
-        self._chart_widget = widgets.Image(
-            value=b"", format="png", layout=layout(display="none", max_width="100%")
-        )
-        self._util_widget = widgets.HTML()
-        self._checkpoints_widget = widgets.HTML()
-        self._failure_widget = widgets.HTML(layout=layout(display="none"))
-        self._log_rank_select = widgets.Dropdown(
-            options=[], description="log of", layout=layout(width="200px", display="none")
-        )
-        self._log_rank_select.observe(self._on_log_rank_change, names="value")
-        self._logs_widget = widgets.HTML()
-        self._error_widget = widgets.HTML(layout=layout(display="none"))
-        header = widgets.HBox(
-            [self._state_widget, self._cancel_button],
-            layout=layout(align_items="center", justify_content="space-between"),
-        )
-        progress_row = widgets.HBox(
-            [self._progress_widget, self._step_widget], layout=layout(align_items="center")
-        )
-        self.widget = widgets.VBox(
-            [
-                header,
-                progress_row,
-                self._metrics_widget,
-                self._metric_select,
-                self._chart_widget,
-                self._util_widget,
-                self._checkpoints_widget,
-                self._failure_widget,
-                self._log_rank_select,
-                self._logs_widget,
-                self._error_widget,
-            ],
-            layout=layout(padding="4px"),
-        )
-        for widget, css_class in (
-            (self.widget, "air-monitor"),
-            (self._state_widget, "air-state"),
-            (self._cancel_button, "air-cancel"),
-            (self._progress_widget, "air-progress"),
-            (self._step_widget, "air-step"),
-            (self._metrics_widget, "air-metrics"),
-            (self._metric_select, "air-metric"),
-            (self._chart_widget, "air-chart"),
-            (self._util_widget, "air-util"),
-            (self._checkpoints_widget, "air-checkpoints"),
-            (self._failure_widget, "air-failure"),
-            (self._log_rank_select, "air-log-rank"),
-            (self._logs_widget, "air-logs"),
-            (self._error_widget, "air-error"),
-        ):
-            widget.add_class(css_class)
-        self._all_widgets: list[widgets.Widget] = [
-            self.widget,
-            header,
-            progress_row,
-            *header.children,
-            *progress_row.children,
-            *self.widget.children[2:],
-        ]
-        self._apply(self._view())
-
-    def _on_cancel_click(self, _button: object = None) -> None:
+    def _on_cancel_click(self) -> None:
         # Runs on the kernel's shell thread: an error must show in the widget, since
         # ipywidgets only logs exceptions of callbacks.
         self._cancel_clicked = True
-        self._cancel_button.disabled = True
-        self._cancel_button.description = "Cancelling..."
+        self._face.cancelling(True)
         try:
             self.job.cancel()
         except Exception as exc:
             self._cancel_clicked = False
-            self._cancel_button.disabled = False
-            self._cancel_button.description = "Cancel"
+            self._face.cancelling(False)
             self._set_error(f"cancel failed: {type(exc).__name__}: {exc}")
-
-    def _on_metric_change(self, change: dict[str, Any]) -> None:
-        if self._syncing or change["new"] is None:
-            return
-        self._on_choice(metric=change["new"])
-
-    def _on_log_rank_change(self, change: dict[str, Any]) -> None:
-        if self._syncing or change["new"] is None:
-            return
-        self._on_choice(log_rank=change["new"])
 
     def _on_choice(self, *, metric: str | None = None, log_rank: int | None = None) -> None:
         with self._changed:
@@ -507,14 +409,11 @@ class JobMonitor:
                 with self._lock:
                     self._chart_key, self._chart_png = view.chart_key, png
                 view.chart_png = png
-            self._apply(view)
+            self._face.apply(view, cancel_clicked=self._cancel_clicked)
         except Exception as exc:
             # A drawing bug must not end following, nor pass unseen.
             log.warning("monitor of %s: redraw failed", self.job.id, exc_info=True)
-            self._error_widget.value = snapshot_html.error_html(
-                f"the monitor could not redraw: {exc!r}"
-            )
-            self._error_widget.layout.display = None
+            self._face.show_error(f"the monitor could not redraw: {exc!r}")
         finally:
             self._last_render = time.monotonic()
             self.num_renders += 1
@@ -540,45 +439,6 @@ class JobMonitor:
             chart_png=self._chart_png,
             error=self._error,
         )
-
-    def _apply(self, view: MonitorView) -> None:
-        # Assigning an unchanged value sends nothing to the browser (traitlets compares).
-        self._state_widget.value = view.state_html
-        self._step_widget.value = view.step_html
-        self._progress_widget.max = view.progress_max
-        self._progress_widget.value = view.progress_value
-        self._progress_widget.bar_style = view.bar_style
-        self._progress_widget.layout.display = None if view.progress_shown else "none"
-        self._metrics_widget.value = view.metrics_html
-        self._syncing = True
-        try:
-            if list(self._metric_select.options) != view.metric_options:
-                self._metric_select.options = view.metric_options
-            if view.metric is not None and self._metric_select.value != view.metric:
-                self._metric_select.value = view.metric
-            rank_options = [(f"rank {rank}", rank) for rank in view.log_ranks]
-            if list(self._log_rank_select.options) != rank_options:
-                self._log_rank_select.options = rank_options
-            if view.log_rank is not None and self._log_rank_select.value != view.log_rank:
-                self._log_rank_select.value = view.log_rank
-        finally:
-            self._syncing = False
-        if view.chart_source is not None:
-            self._chart_widget.value = view.chart_png or b""
-        self._chart_widget.layout.display = None if view.chart_png else "none"
-        self._util_widget.value = view.util_html
-        self._checkpoints_widget.value = view.checkpoints_html
-        self._failure_widget.value = view.failure_html
-        self._failure_widget.layout.display = None if view.failure_html else "none"
-        self._log_rank_select.layout.display = None if view.log_ranks else "none"
-        self._logs_widget.value = view.logs_html
-        self._error_widget.value = snapshot_html.error_html(view.error) if view.error else ""
-        self._error_widget.layout.display = None if view.error else "none"
-        if view.terminal:
-            self._cancel_button.disabled = True
-            self._cancel_button.description = "Cancel"
-        else:
-            self._cancel_button.disabled = self._cancel_clicked
 
     def _text(self) -> str:
         return snapshot_html.render_text(

@@ -46,6 +46,7 @@ class MonitorView:
     chart_png: bytes | None
     util_html: str
     checkpoints_html: str
+    exports_html: str
     failure_html: str
     log_ranks: list[int]
     log_rank: int | None
@@ -137,6 +138,7 @@ def monitor_view(
         chart_png=chart_png,
         util_html=snapshot_html.utilization_html(snap),
         checkpoints_html=snapshot_html.checkpoints_html(snap),
+        exports_html=snapshot_html.exports_html(snap),
         failure_html=snapshot_html.failure_html(snap),
         log_ranks=log_ranks,
         log_rank=log_rank,

@@ -48,6 +48,7 @@ __all__ = [
     "error_html",
     "escape",
     "eta_seconds",
+    "exports_html",
     "failure_html",
     "format_bytes",
     "format_duration",
@@ -246,6 +247,27 @@ def checkpoints_html(snapshot: JobSnapshot) -> str:
     return f"<b>checkpoints ({count})</b>" + _table(columns, rows) + note
 
 
+_EXPORT_COLOURS = {"running": _MUTED, "done": "#15803d", "failed": "#dc2626"}
+
+
+def exports_html(snapshot: JobSnapshot) -> str:
+    """One line per tracker the job exports to: where the data goes and how it went
+    (`ExportStatus.describe()`, as `air status` says it), the state in its colour.
+
+    Example:
+        >>> from air_sdk.schema import ExportStatus
+        >>> done = ExportStatus(to="tensorboard", state="done", location="/h/<tb>")
+        >>> page = exports_html(JobSnapshot(job_id="j", exports={"tensorboard": done}))
+        >>> "export to tensorboard: done, /h/&lt;tb&gt;" in page
+        True
+    """
+    lines = [
+        f'<div style="color:{_EXPORT_COLOURS.get(e.state, _MUTED)}">{_esc(e.describe())}</div>'
+        for _, e in sorted(snapshot.exports.items())
+    ]
+    return f'<div style="font-size:12px">{"".join(lines)}</div>' if lines else ""
+
+
 def _short_path(path: str) -> str:
     """The last two parts of a path: the run's checkpoint folder and the step's."""
     parts = path.rstrip("/").split("/")
@@ -320,8 +342,9 @@ def render_html(
     max_log_ranks: int = MAX_LOG_RANKS,
 ) -> str:
     """A self-contained HTML fragment of the whole monitor (the static copy a notebook
-    keeps): badge, progress, metrics, chart (an inline PNG), utilization, checkpoints,
-    failure and each rank's last log lines.
+    keeps, and the /ui job page): badge, progress, metrics, chart (an inline PNG),
+    utilization, checkpoints, exports to trackers, failure and each rank's last log
+    lines.
 
     Example:
         >>> page = render_html(JobSnapshot(job_id="j"), name="demo")
@@ -342,6 +365,7 @@ def render_html(
         _chart_img(chart_png),
         utilization_html(snapshot),
         checkpoints_html(snapshot),
+        exports_html(snapshot),
         failure_html(snapshot, max_lines=max_log_lines),
     ):
         if section:
@@ -414,6 +438,7 @@ def render_text(
     if snapshot.checkpoints:
         latest = snapshot.checkpoints[-1].step
         lines.append(f"checkpoints: {len(snapshot.checkpoints)} (latest at step {latest})")
+    lines.extend(e.describe() for _, e in sorted(snapshot.exports.items()))
     failure = snapshot.failure
     if failure is not None:
         lines.append(f"attempt {failure.attempt} failed: {failure_text(failure)}")

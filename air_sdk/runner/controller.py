@@ -31,6 +31,7 @@ from air_sdk.runner.policy import (
     RestartPolicy,
     StragglerPolicy,
     diagnose,
+    last_seen_by_node,
     node_evidence,
 )
 from air_sdk.runner.stopping import stop_unless_cancelled
@@ -406,6 +407,7 @@ class JobController:
 
     def _on_hang(self, stalled: list[int], *, silent: bool = False) -> None:
         assert self.handle is not None
+        detected_at = time.time()
         waits = hang_notes(self.store, self.job_id, self.attempt, stalled)  # "waiting for data"
         if silent:
             timeout = self.hang_policy.silent_timeout()
@@ -439,13 +441,19 @@ class JobController:
             stacks=stacks,
             collectives=collectives.last_collectives if collectives else {},
             log_tail=self._node_tails(handle).get(self.placement.nodes[0].node, [])[-5:],
+            failed_at=self.hang_policy.stopped_at(self._progress, stalled, silent=silent),
+            detected_at=detected_at,
         )
         self._fail_or_restart(failure)
 
     # -- failures --------------------------------------------------------------------------
 
     def _on_failure(self, nodes: list[NodeStatus]) -> None:
+        detected_at = time.time()
         before = self._rank_exits()
+        last_seen = last_seen_by_node(
+            self.store.heartbeats(self.job_id, self.attempt), self.placement, self.spec.resources
+        )
         handle = self.handle
         # Survivors writing a checkpoint at the failure get to finish it; the attempt is
         # lost already otherwise: no grace for a SIGTERM save (a collective that can no
@@ -467,6 +475,8 @@ class JobController:
             [e for _, e in after.values()],
             nodes,
             self._node_tails(handle),
+            last_seen=last_seen,
+            detected_at=detected_at,
         )
         self._fail_or_restart(failure)
 

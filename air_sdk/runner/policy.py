@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Literal
 
 from air_sdk.runner.backends.base import NodeStatus
-from air_sdk.schema import FailureInfo, FailurePolicySpec, RankExit
+from air_sdk.schema import FailureInfo, FailurePolicySpec, Placement, RankExit, Resources
 from air_sdk.text import plural
 
 #: the exit status of a process ended by SIGTERM (128 + 15)
@@ -117,6 +117,8 @@ def diagnose(
     node_log_tails: dict[str, list[str]],
     *,
     terminated_by_runner: bool = False,
+    last_seen: Mapping[str, float] | None = None,
+    detected_at: float | None = None,
 ) -> FailureInfo:
     """Name the root cause of a failed attempt.
 
@@ -129,11 +131,66 @@ def diagnose(
     before any rank exit: its own ranks could report nothing, and the ranks that
     did crash on other nodes lost their peer.
 
+    The failure happened (`failed_at`) when the root cause rank ended, or for a lost
+    node at its last heartbeat (`last_seen`: node -> the newest report of its ranks);
+    `detected_at` is when the runner noticed, both for the `time_to_detect` SLO.
+
     Example:
         >>> bad = RankExit(rank=1, exit_code=3, tail=["boom"])
-        >>> diagnose(1, [(2.0, bad)], [bad], [], {}).reason
-        'rank 1 exit code 3'
+        >>> crash = diagnose(1, [(2.0, bad)], [bad], [], {}, detected_at=2.5)
+        >>> crash.reason, crash.failed_at, crash.detected_at
+        ('rank 1 exit code 3', 2.0, 2.5)
     """
+    failure = _diagnose(
+        attempt,
+        exits_before_teardown,
+        all_exits,
+        nodes,
+        node_log_tails,
+        terminated_by_runner=terminated_by_runner,
+    )
+    if failure.kind == "lost_node" and failure.node is not None:
+        failed_at = (last_seen or {}).get(failure.node)
+    else:
+        failed_at = min((ts for ts, e in exits_before_teardown if not e.ok), default=None)
+    return failure.model_copy(update={"failed_at": failed_at, "detected_at": detected_at})
+
+
+def last_seen_by_node(
+    heartbeats: Mapping[int, tuple[int | None, float, float | None]],
+    placement: Placement,
+    resources: Resources,
+) -> dict[str, float]:
+    """{node: its ranks' newest report}, from the store's {rank: (step, last report,
+    last progress)}; ranks follow the placement's node order (rank = node index x ranks
+    per node + local rank).
+
+    Example:
+        >>> from air_sdk.schema import NodeAssignment
+        >>> where = Placement(job_id="j", nodes=(NodeAssignment(node="n0", slots=2),
+        ...                                      NodeAssignment(node="n1", slots=2)))
+        >>> beats = {0: (3, 5.0, 5.0), 1: (3, 7.0, 7.0), 2: (3, 6.0, 6.0)}
+        >>> last_seen_by_node(beats, where, Resources(nodes=2, gpus_per_node=0, procs_per_node=2))
+        {'n0': 7.0, 'n1': 6.0}
+    """
+    nodes = [a.node for a in placement.nodes]
+    seen: dict[str, float] = {}
+    for rank, (_, ts, _) in heartbeats.items():
+        index = rank // resources.ranks_per_node
+        if 0 <= index < len(nodes):
+            seen[nodes[index]] = max(ts, seen.get(nodes[index], ts))
+    return seen
+
+
+def _diagnose(
+    attempt: int,
+    exits_before_teardown: Sequence[tuple[float, RankExit]],
+    all_exits: Sequence[RankExit],
+    nodes: Sequence[NodeStatus],
+    node_log_tails: dict[str, list[str]],
+    *,
+    terminated_by_runner: bool,
+) -> FailureInfo:
     failed = sorted(((ts, e) for ts, e in exits_before_teardown if not e.ok), key=lambda te: te[0])
     everyone = sorted(all_exits, key=lambda e: e.rank)
     gone = [n for n in nodes if n.lost]
@@ -264,6 +321,27 @@ class HangPolicy:
         if not seen or now - max(seen) <= self.silent_timeout():
             return []
         return sorted(ranks)
+
+    def stopped_at(
+        self, ranks: Mapping[int, RankProgress], hung: Sequence[int], *, silent: bool = False
+    ) -> float | None:
+        """When a hang began, for the `time_to_detect` SLO: the earliest last progress of
+        the stalled ranks (the first to stop holds up the others), or for a silent hang
+        the last sign of life of any rank. The hang timeout is part of detecting it.
+
+        Example:
+            >>> ranks = {0: RankProgress(5, 100.0), 1: RankProgress(5, 10.0)}
+            >>> HangPolicy().stopped_at(ranks, [1])
+            10.0
+        """
+        if silent:
+            seen = [p.active_ts for p in ranks.values()]
+        else:
+            seen = [ranks[r].progress_ts for r in hung if r in ranks]
+        known = [ts for ts in seen if ts is not None]
+        if not known:
+            return None
+        return max(known) if silent else min(known)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ What each kind measures:
 - `queue_wait`: every start of a job (QUEUED -> SCHEDULED), its time in the queue;
 - `goodput`: every job that ended after at least one attempt, its productive and lost
   seconds (`air_sdk.runner.accounting`);
-- `time_to_detect`: every failed attempt with a rank exit time (a crash, an OOM, a
-  failed start): from the first failing rank's end to the runner ending the attempt.
-  A hang is detected at its hang timeout by design and a lost node has no exit time:
-  neither is counted.
+- `time_to_detect`: every failed attempt whose failure the runner can date
+  (`detection_seconds`): a crash (an OOM, a failed start) from the first failing
+  rank's exit, a hang from the moment progress stopped (its hang timeout is part of
+  detecting it), a lost node from its last heartbeat, to the runner's verdict.
 
 Example:
     >>> watch = SloWatch(store, policy)  # doctest: +SKIP
@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable
 
@@ -37,14 +36,14 @@ from air_sdk.scheduler.slo import (
     latency_sample,
     queue_risk_text,
 )
-from air_sdk.schema import JobRecord, JobState, SloBurn, SloBurner, SloStatus
+from air_sdk.schema import FailureInfo, JobRecord, JobState, SloBurn, SloBurner, SloStatus
 from air_sdk.store import SqliteStore
 from air_sdk.store.jobs import Transition
 from air_sdk.store.stats import EndedJob
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NOTES_EVERY_S", "SloWatch", "ended_job_times", "status"]
+__all__ = ["NOTES_EVERY_S", "SloWatch", "detection_seconds", "ended_job_times", "status"]
 
 #: how old an SLO's measure the queue's explanations may use
 NOTES_EVERY_S = 5.0
@@ -65,11 +64,8 @@ class SloWatch:
     def __init__(self, store: SqliteStore, policy: SchedulerPolicy) -> None:
         self.store = store
         self.policy = policy
-        #: (tenant, SLO name) burning now: an event is written once per crossing
-        self._burning: set[tuple[str, str]] = set()
         #: the queue's notes re-measure an SLO at most every NOTES_EVERY_S
         self._noted: dict[tuple[str, str], tuple[float, Budget]] = {}
-        self._lock = threading.Lock()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -85,9 +81,8 @@ class SloWatch:
         if spec.kind == "time_to_detect":
             out = []
             for f in self.store.failed_attempts(tenant, since):
-                died = [e.ended_at for e in f.failure.rank_exits if e.ended_at and not e.ok]
-                if died:
-                    seconds = max(0.0, f.ended_at - min(died))
+                seconds = detection_seconds(f.failure, attempt_ended_at=f.ended_at)
+                if seconds is not None:
                     out.append(
                         latency_sample(f.job_id, ts=f.ended_at, seconds=seconds, target=spec.target)
                     )
@@ -118,7 +113,7 @@ class SloWatch:
 
     def on_transition(self, change: Transition) -> None:
         """A store transition listener: re-measure the SLOs this change adds a sample to,
-        and write an `slo` event on the job when one starts burning."""
+        and write an `slo` event on the job when one starts burning or recovers."""
         kinds = _KINDS_OF_CHANGE.get(change.job.state)
         if (
             kinds is None
@@ -131,19 +126,14 @@ class SloWatch:
             self.check(change.job, specs, time.time())
 
     def check(self, job: JobRecord, specs: Iterable[SloSpec], now: float) -> list[SloBurn]:
-        """Measure `specs` of the job's tenant; for each that crossed its threshold since
-        the last check, write an `slo` event on `job`. Returns the events written."""
+        """Measure `specs` of the job's tenant; for each that crossed its threshold, or
+        recovered below it, since the last check (by any gateway on this store: the store
+        keeps which SLOs burn), write an `slo` event on `job`. Returns the events
+        written."""
         written = []
         for spec in specs:
             budget = self.budget(spec, job.tenant, now)
-            key = (job.tenant, spec.name)
-            with self._lock:
-                crossed = budget.burning and key not in self._burning
-                if budget.burning:
-                    self._burning.add(key)
-                else:
-                    self._burning.discard(key)
-            if crossed:
+            if self.store.mark_slo(job.tenant, spec.name, burning=budget.burning, now=now):
                 burn = SloBurn(
                     tenant=job.tenant,
                     slo=spec.name,
@@ -155,9 +145,11 @@ class SloWatch:
                     burn_rate=budget.burn_rate,
                     threshold=spec.alert_burned,
                     jobs=[job_id for job_id, _ in budget.burners],
+                    burning=budget.burning,
                 )
                 self.store.append_event(job.id, burn, attempt=job.attempt or None)
-                log.warning("tenant %s: SLO %r is burning: %s", job.tenant, spec.name, burn)
+                how = "is burning" if burn.burning else "recovered"
+                log.warning("tenant %s: SLO %r %s: %s", job.tenant, spec.name, how, burn)
                 written.append(burn)
         return written
 
@@ -186,6 +178,30 @@ class SloWatch:
                     notes[job.id] = text
                     break
         return notes
+
+
+def detection_seconds(failure: FailureInfo, *, attempt_ended_at: float) -> float | None:
+    """How long `failure` went unnoticed: from when it happened (`failed_at`) to the
+    runner's verdict (`detected_at`, else the attempt's end); None when the runner could
+    not date it (a timeout, a startup that never reported). Failures recorded before
+    `failed_at` existed are dated by their first failing rank's exit.
+
+    Example:
+        >>> hang = FailureInfo(attempt=1, reason="hung", kind="hang", failed_at=100.0,
+        ...                    detected_at=130.0)
+        >>> detection_seconds(hang, attempt_ended_at=135.0)
+        30.0
+        >>> detection_seconds(FailureInfo(attempt=1, reason="?"), attempt_ended_at=1.0) is None
+        True
+    """
+    failed_at = failure.failed_at
+    if failed_at is None:
+        died = [e.ended_at for e in failure.rank_exits if e.ended_at and not e.ok]
+        failed_at = min(died) if died else None
+    if failed_at is None:
+        return None
+    detected_at = failure.detected_at if failure.detected_at is not None else attempt_ended_at
+    return max(0.0, detected_at - failed_at)
 
 
 def ended_job_times(store: SqliteStore, job: JobRecord) -> tuple[float, float] | None:

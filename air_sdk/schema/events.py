@@ -20,7 +20,7 @@ through it (never as dicts by key):
 | `alert`      | `Alert` (straggler, reattached, ...)                        | the runner         |
 | `result`     | `FunctionResult` (an `@air_sdk.distributed` call), rank set | worker reports     |
 | `export`     | `ExportStatus` (where a tracker export goes, done, failed)  | the export service |
-| `slo`        | `SloBurn` (a tenant's SLO burned its budget past a threshold) | the runner       |
+| `slo`        | `SloBurn` (a tenant's SLO burned its budget past a threshold, or recovered) | the runner |
 
 On the wire and in the store an event's `data` is the payload's JSON, as it
 always was, so stored rows read back unchanged. A reader ignores fields it does
@@ -191,6 +191,12 @@ class FailureInfo(_Payload):
     collectives: dict[int, list[str]] = Field(default_factory=dict)
     #: False for failures not charged to the restart budget (preemption, a lost gateway)
     charged: bool = True
+    #: when the failure happened, as far as the runner can tell: the first failing rank's
+    #: exit (a crash), the moment progress stopped (a hang), the node's last heartbeat (a
+    #: lost node); None when it cannot tell. The `time_to_detect` SLO measures from it.
+    failed_at: float | None = None
+    #: when the runner gave its verdict (before it tore the attempt down)
+    detected_at: float | None = None
 
 
 # ---- control-plane events -----------------------------------------------------------------

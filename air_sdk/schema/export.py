@@ -136,3 +136,18 @@ class ExportStatus(WireModel):
     state: Literal["running", "done", "failed"]
     location: str = ""
     error: str = ""
+
+    def describe(self) -> str:
+        """The line `air status`, the monitor and the /ui page show for it.
+
+        Example:
+            >>> ExportStatus(to="tensorboard", state="done", location="/h/tb").describe()
+            'export to tensorboard: done, /h/tb'
+            >>> ExportStatus(to="mlflow", state="failed", error="no server").describe()
+            'export to mlflow: failed: no server'
+        """
+        if self.state == "failed":
+            return f"export to {self.to}: failed: {self.error}"
+        return f"export to {self.to}: {self.state}" + (
+            f", {self.location}" if self.location else ""
+        )

@@ -1,5 +1,6 @@
 """Service level objectives on the wire: a tenant's SLO as `air slo` and `/v1/slo` show
-it (`SloStatus`), and the event written when one burns its error budget (`SloBurn`).
+it (`SloStatus`), and the event written when one burns its error budget, or recovers
+(`SloBurn`).
 
 The arithmetic is `air_sdk.scheduler.slo`; the cluster file declares the SLOs
 (docs/operations.md).
@@ -73,7 +74,8 @@ class SloReport(_Wire):
 
 class SloBurn(_Wire):
     """A tenant's SLO burned its error budget past its alert threshold (an `slo` event,
-    written on the job whose outcome crossed it; once per crossing).
+    written on the job whose outcome crossed it; once per crossing), or, with `burning`
+    False, recovered below it (once per recovery).
 
     Example:
         >>> SloBurn(tenant="acme", slo="goodput", kind="goodput", target=0.9,
@@ -95,3 +97,5 @@ class SloBurn(_Wire):
     threshold: float
     #: the jobs that burned the most of it, most first
     jobs: list[str] = Field(default_factory=list, max_length=MAX_BURNERS)
+    #: False: the SLO recovered (its burn rate fell below the threshold again)
+    burning: bool = True

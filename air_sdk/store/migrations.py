@@ -136,6 +136,15 @@ def _rank_finished(c: sqlite3.Connection) -> None:
     _add_column(c, "heartbeats", "finished_ts", "REAL")
 
 
+def _slo_burning(c: sqlite3.Connection) -> None:
+    """Which tenants' SLOs are burning now (`air_sdk.store.slo_burns`): a gateway that
+    restarts neither writes a burn event again nor misses a recovery."""
+    c.execute(
+        "CREATE TABLE slo_burning (tenant TEXT NOT NULL, slo TEXT NOT NULL,"
+        " since REAL NOT NULL, PRIMARY KEY (tenant, slo)) WITHOUT ROWID"
+    )
+
+
 #: every migration, oldest first: the database's version is how many it has had
 MIGRATIONS: tuple[Migration, ...] = (
     _first_tables,
@@ -145,6 +154,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _quota_byte_counts,
     _rank_activity,
     _rank_finished,
+    _slo_burning,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

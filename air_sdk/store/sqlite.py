@@ -12,6 +12,7 @@ share its connections (`Database`: WAL, busy_timeout, 0600 files, migrations):
 | `EventLog` | `events.py` | the per-job event log, worker reports, heartbeats |
 | `NodeHealthStore` | `nodes.py` | failures per node |
 | `StatsQueries` | `stats.py` | read-only aggregates for SLOs and /metrics |
+| `SloBurnStore` | `slo_burns.py` | which tenants' SLOs are burning now |
 
 Callers (gateway, runner, CLI helpers, tests) call the store's methods by their
 plain names, `store.get_job(...)`, `store.append_worker_events(...)`: each of
@@ -32,6 +33,7 @@ from air_sdk.store.jobs import JobStore
 from air_sdk.store.nodes import NodeHealthStore
 from air_sdk.store.quota import JobQuotas, QuotaKeeper
 from air_sdk.store.secret_env import SecretEnvStore
+from air_sdk.store.slo_burns import SloBurnStore
 from air_sdk.store.stats import StatsQueries
 
 __all__ = ["SqliteStore"]
@@ -60,6 +62,7 @@ class SqliteStore:
         attempts = AttemptStore(db, events, secrets)
         nodes = NodeHealthStore(db)
         stats = StatsQueries(db)
+        slo_burns = SloBurnStore(db)
 
         self.create_tenant = auth.create_tenant
         self.get_tenant = auth.get_tenant
@@ -109,6 +112,9 @@ class SqliteStore:
         self.ended_jobs = stats.ended_jobs
         self.jobs_by_state = stats.jobs_by_state
         self.store_size_bytes = stats.size_bytes
+
+        self.mark_slo = slo_burns.mark_slo
+        self.burning_slos = slo_burns.burning_slos
 
     def close(self) -> None:
         self._db.close()

@@ -1,9 +1,12 @@
 """ExportService over a real store and real worker processes: it follows a job's
 events to the end, says where the data went, gives a failing tracker three tries
-before reporting it, and hands a worker only that job's credentials for that tracker."""
+before reporting it, hands a worker only that job's credentials for that tracker, and
+exports to each tracker of a job on its own, so one that hangs delays no other."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -119,3 +122,61 @@ def test_only_allowed_tracking_servers_and_installed_trackers_are_accepted():
     assert ExportService.refusal_for(spec, ("http://10.0.0.5:5000",)) is None
     other = ExportService.refusal_for(spec, ("http://mlflow.internal",))
     assert other is not None and "it allows http://mlflow.internal" in other
+
+
+@pytest.fixture
+def silent_server():
+    """An "MLflow server" on 127.0.0.1 that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # the timeout: look at `stop` again
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_a_tracker_that_hangs_delays_no_other_tracker_of_the_job(tmp_path, silent_server):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    store = SqliteStore(tmp_path / "air.db")
+    job_id = _job(store, export=[f"mlflow={silent_server}", "tensorboard"])
+    points = [MetricPoint(step=s, ts=float(s), values={"loss": 1.0 / s}) for s in range(1, 8)]
+    store.append_event(job_id, MetricsBatch(points=points), rank=0)
+    store.transition(job_id, JobState.SUCCEEDED, "every rank exited 0")
+    service = ExportService(
+        store, tmp_path / "exports", allowed_uris=("http://127.0.0.1:",), poll_s=0.1
+    )
+    service.start()
+    try:
+        service.watch(job_id)
+        _wait(lambda: any(s.state == "done" for s in _statuses(store, job_id)))
+        # the MLflow worker still waits for the server's answer to its first request
+        assert [(s.to, s.state) for s in _statuses(store, job_id)] == [
+            ("tensorboard", "running"),
+            ("tensorboard", "done"),
+        ]
+        mlflow = tmp_path / "exports" / job_id / "mlflow"
+        assert (mlflow / "worker.log").exists()  # started, and no answer confirmed yet
+        assert not (mlflow / "state.json").exists()
+    finally:
+        service.stop()  # kills the waiting worker; not a failure of the export
+    where = tmp_path / "exports" / job_id / "tensorboard"
+    acc = EventAccumulator(str(where))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == list(range(1, 8))
+    # stopping the gateway is no failure of the export: it starts over on a restart
+    assert not (mlflow / "state.json").exists()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from gatewaytest import tenancy_for
 
-from air_sdk.schema import LogBatch, MetricPoint, MetricsBatch
+from air_sdk.schema import ExportStatus, LogBatch, MetricPoint, MetricsBatch
 
 
 @pytest.fixture
@@ -61,3 +61,16 @@ def test_the_monitor_is_folded_incrementally_and_sees_new_events(tenancy):
     second = owner.get(f"/v1/ui/jobs/{job['id']}").json()
     assert second["last_seq"] == first["last_seq"] + 1
     assert "step 3" in second["html"] and "step 3" not in first["html"]
+
+
+def test_the_job_page_shows_each_export_as_the_monitor_does(tenancy):
+    job = tenancy.submit("owner")
+    tenancy.start(job["id"])
+    for status in (
+        ExportStatus(to="tensorboard", state="running", location="/h/exports/j/tensorboard"),
+        ExportStatus(to="mlflow", state="failed", error="no answer in 180 s"),
+    ):
+        tenancy.store.append_event(job["id"], status)
+    page = tenancy.client("owner").get(f"/v1/ui/jobs/{job['id']}").json()
+    assert "export to tensorboard: running, /h/exports/j/tensorboard" in page["html"]
+    assert "export to mlflow: failed: no answer in 180 s" in page["html"]

@@ -7,6 +7,7 @@ by the CSS classes a browser test uses, after the follower thread applied events
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -278,6 +279,26 @@ def test_utilization_and_checkpoint_tables(make_monitor) -> None:
     assert "0.50 s" in checkpoints.value and "2.0 KiB" in checkpoints.value
     util = find(monitor.widget, "air-util").value
     assert "node-a" in util and "gpu0" in util and "87%" in util and "250 W" in util
+
+
+def test_exports_show_each_tracker_and_how_it_went(make_monitor) -> None:
+    monitor, job = make_monitor()
+    job.start_running()
+    exports = find(monitor.widget, "air-exports")
+    assert text_of(exports) == ""  # a job that exports nowhere shows no line
+    job.push("export", to="tensorboard", state="running", location="/h/exports/j/tensorboard")
+    job.push("export", to="mlflow", state="running", location="http://127.0.0.1:5000")
+    wait_until(lambda: "mlflow" in exports.value, "the exports' lines")
+    job.push("export", to="tensorboard", state="done", location="/h/exports/j/tensorboard")
+    job.push("export", to="mlflow", state="failed", error="the server <refused> it")
+    wait_until(lambda: "failed" in exports.value, "the failed export")
+    lines = re.findall(r"<div[^>]*>([^<]*)</div>", exports.value)
+    assert lines == [
+        "export to mlflow: failed: the server &lt;refused&gt; it",
+        "export to tensorboard: done, /h/exports/j/tensorboard",
+    ]
+    # the text a terminal front end shows says the same
+    assert "export to tensorboard: done, /h/exports/j/tensorboard" in repr(monitor)
 
 
 def test_failure_and_escaped_logs_per_rank(make_monitor) -> None:

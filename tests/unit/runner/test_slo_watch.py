@@ -100,12 +100,55 @@ def test_the_priority_filter_and_other_tenants(store):
     assert [s.tenant for s in watch.statuses(None, time.time())] == ["acme"]
 
 
-def test_time_to_detect_counts_failures_with_an_exit_time(store):
+def test_time_to_detect_counts_crashes_hangs_and_lost_nodes(store):
+    spec = SloSpec(name="detect", kind="time_to_detect", target=30, objective=0.5)
+    watch = watch_for(store, spec)
+    now = time.time()
+    # a crash noticed 2 s after its rank died, a hang noticed at its 60 s timeout after
+    # progress stopped (bad: over 30 s), a lost node noticed 10 s after its last report
+    failures = {
+        "crash": FailureInfo(
+            attempt=1,
+            reason="rank 0 exit code 3",
+            rank_exits=[RankExit(rank=0, exit_code=3, ended_at=now - 102)],
+            failed_at=now - 102,
+            detected_at=now - 100,
+        ),
+        "hang": FailureInfo(
+            attempt=1, reason="hung", kind="hang", failed_at=now - 160, detected_at=now - 100
+        ),
+        "lost_node": FailureInfo(
+            attempt=1,
+            reason="node n1 lost",
+            kind="lost_node",
+            node="n1",
+            failed_at=now - 110,
+            detected_at=now - 100,
+        ),
+        # a timeout is no failure to detect: the runner gives it no date
+        "timeout": FailureInfo(attempt=1, reason="ran past its timeout", kind="timeout"),
+    }
+    jobs = {}
+    for kind, failure in failures.items():
+        jobs[kind] = job = submitted(store)
+        attempt = placed(store, job)
+        store.end_attempt(job, attempt, failure.reason, failure)
+        store.transition(job, JobState.FAILED, failure.reason, failure=failure)
+    (status,) = watch.statuses("acme", time.time())
+    assert status.num_samples == 3
+    assert status.value == pytest.approx(10)  # the p50 of 2, 10 and 60 s
+    assert [b.job_id for b in status.burned_by] == [jobs["hang"]]
+    # 1 bad of 3 over a budget of 50%: two thirds of it spent, past the threshold, and
+    # the event was written on the job whose failure crossed it
+    assert status.burning and status.budget_left == pytest.approx(1 - (1 / 3) / 0.5)
+    assert [b.slo for b in slo_events(store, jobs["hang"])] == ["detect"]
+
+
+def test_time_to_detect_reads_failures_stored_before_they_were_dated(store):
     spec = SloSpec(name="detect", kind="time_to_detect", target=30, objective=0.9)
     watch = watch_for(store, spec)
     job = submitted(store)
     attempt = placed(store, job)
-    store.transition(job, JobState.RUNNING, "up")
     died = time.time() - 45  # the rank died 45 s before the runner ended the attempt
     crash = FailureInfo(
         attempt=attempt,
@@ -113,24 +156,19 @@ def test_time_to_detect_counts_failures_with_an_exit_time(store):
         rank_exits=[RankExit(rank=0, exit_code=3, ended_at=died)],
     )
     store.end_attempt(job, attempt, crash.reason, crash)
-    hang = FailureInfo(attempt=attempt, reason="hung", kind="hang")  # no exit time: not counted
-    store.transition(job, JobState.FAILED, crash.reason, failure=crash)
-    other = submitted(store)
-    a2 = placed(store, other)
-    store.end_attempt(other, a2, "hung", hang)
     (status,) = watch.statuses("acme", time.time())
     assert status.num_samples == 1 and status.value == pytest.approx(45, abs=2)
-    assert status.burning and status.burned_by[0].job_id == job
-    assert [b.slo for b in slo_events(store, job)] == ["detect"]
 
 
 def test_goodput_of_ended_jobs(store):
     spec = SloSpec(name="goodput", kind="goodput", target=0.9, objective=0.9)
     watch = watch_for(store, spec)
     job = submitted(store)
-    placed(store, job)
+    attempt = placed(store, job)
     store.transition(job, JobState.RUNNING, "up")
-    store.transition(job, JobState.FAILED, "crashed")  # nothing kept: all of it lost
+    # nothing kept: all of it lost (an attempt left open would count as still running)
+    store.end_attempt(job, attempt, "crashed")
+    store.transition(job, JobState.FAILED, "crashed")
     never_ran = submitted(store)
     store.request_cancel(never_ran)
     (status,) = watch.statuses("acme", time.time())
@@ -149,3 +187,30 @@ def test_queue_notes_name_waiting_jobs_of_tenants_at_risk(store):
     assert set(notes) == {old}
     assert "SLO 'wait' (p95 queue wait under 10 min) is at risk" in notes[old]
     assert new not in notes
+
+
+def test_which_slos_burn_survives_a_restart_of_the_watch(store, tmp_path):
+    """The memory of "already burning" is the store's: a watch over the database
+    reopened (a restarted gateway) writes no second burn, and does write the recovery."""
+    watch_for(store, WAIT)
+    slow = submitted(store)
+    backdate_queue(store, slow, 900)
+    placed(store, slow)  # 1 of 1 starts over 10 min: burning
+    assert [b.burning for b in slo_events(store, slow)] == [True]
+    store.close()
+
+    again = SqliteStore(tmp_path / "air.db")
+    assert again.burning_slos().keys() == {("acme", "wait")}
+    watch_for(again, WAIT)
+    fast = submitted(again)
+    placed(again, fast)  # 1 of 2 bad: the whole budget of 50% spent, still burning
+    assert slo_events(again, fast) == []
+    recovered_by = None
+    for _ in range(3):  # 1 of 3, 1 of 4 bad: still burning; 1 of 5: recovered
+        recovered_by = submitted(again)
+        placed(again, recovered_by)
+    (recovery,) = slo_events(again, recovered_by)
+    assert not recovery.burning and recovery.slo == "wait"
+    assert recovery.burn_rate == pytest.approx(0.4) and recovery.budget_left == pytest.approx(0.6)
+    assert again.burning_slos() == {}
+    assert [e.burning for e in slo_events(again, slow)] == [True]  # written once, ever
