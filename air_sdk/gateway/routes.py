@@ -325,7 +325,8 @@ def cluster(ctx: CtxDep, principal: PrincipalDep) -> Inventory:
 @worker_router.post("/jobs/{job_id}/attempts/{attempt}/report", status_code=204)
 async def worker_report(job_id: str, attempt: int, request: Request) -> Response:
     """Batched metrics, log lines, heartbeats and exits from one rank, authenticated by
-    the attempt's worker token; posts of an older attempt are fenced off (409)."""
+    the attempt's worker token; posts of an older attempt are fenced off (409). The body
+    is JSON or msgpack, as its Content-Type says (415 for anything else)."""
     ctx = get_ctx(request)
     token = bearer_token(request)
     if token is None or not is_valid(JOB_ID, job_id):
@@ -333,5 +334,6 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
     body = await request.body()
     # One hop to a worker thread for the whole report: the profile of this route had
     # two hand-offs per report as its largest single cost (23%).
-    await run_in_threadpool(ingest_report, ctx, job_id, attempt, token, body)
+    content_type = request.headers.get("content-type")
+    await run_in_threadpool(ingest_report, ctx, job_id, attempt, token, body, content_type)
     return Response(status_code=204)
