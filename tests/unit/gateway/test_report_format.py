@@ -278,3 +278,24 @@ def test_a_value_a_point_lacks_stays_absent(gateway: Gateway) -> None:
     assert MetricsBatch.model_validate(data).points[1] == MetricPoint(
         step=2, ts=2.0, values={"lr": 0.1}
     )
+
+
+def test_reports_skip_fastapi_routing_but_not_the_guards(gateway: Gateway) -> None:
+    # the body cap (4 MiB for reports), from Content-Length or as the bytes stream in
+    r = gateway.post(b"\x00" * (5 << 20), MSGPACK)
+    assert r.status_code == 413 and "send smaller batches" in r.json()["detail"]
+    # the Host allow-list (DNS rebinding)
+    r = gateway.client.post(
+        gateway.report_path,
+        content=_report(),
+        headers={
+            **MSGPACK,
+            "Authorization": f"Bearer {gateway.worker_token}",
+            "Host": "evil.example",
+        },
+    )
+    assert r.status_code == 400
+    # an attempt that is not a number still gets FastAPI's own answer
+    r = gateway.client.post(f"/v1/jobs/{gateway.job_id}/attempts/one/report", content=b"{}")
+    assert r.status_code == 422 and "attempt" in r.text
+    assert gateway.metric_points() == []
