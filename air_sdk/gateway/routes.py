@@ -5,6 +5,7 @@ becomes the answer's status in one place (`air_sdk.gateway.translate`)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -333,7 +334,10 @@ async def worker_report(job_id: str, attempt: int, request: Request) -> Response
         raise AuthError(401, "a worker report needs the attempt's AIR_JOB_TOKEN")
     body = await request.body()
     # One hop to a worker thread for the whole report: the profile of this route had
-    # two hand-offs per report as its largest single cost (23%).
+    # two hand-offs per report as its largest single cost (23%). The loop's own executor,
+    # not anyio's `run_in_threadpool`: its cancel scope and limiter per call were a
+    # fifth of the route's GIL time once the body was cheap (docs/benchmarks.md).
     content_type = request.headers.get("content-type")
-    await run_in_threadpool(ingest_report, ctx, job_id, attempt, token, body, content_type)
+    work = functools.partial(ingest_report, ctx, job_id, attempt, token, body, content_type)
+    await asyncio.get_running_loop().run_in_executor(None, work)
     return Response(status_code=204)
