@@ -112,10 +112,30 @@ def serve_peer(port: int, db: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def start_peer(db: str) -> tuple[subprocess.Popen[bytes], int]:
+def serve_floor(port: int) -> None:
+    """What the HTTP stack alone costs: uvicorn and one ASGI function that reads the body
+    and answers 204 (200 to the health check), no framework, no storage."""
+    import uvicorn
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        status = 200 if scope["method"] == "GET" else 204
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def start_peer(db: str, *, floor: bool = False) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
+    role = ["--serve-floor", str(port)] if floor else ["--serve-peer", str(port), "--peer-db", db]
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve-peer", str(port), "--peer-db", db],
+        [sys.executable, __file__, *role],
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -499,11 +519,20 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also time the job controller's per-tick event-log lookup at 0.1M-3M points",
     )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also post to uvicorn + a bare ASGI 204 (the HTTP stack's own ceiling)",
+    )
     p.add_argument("--serve-peer", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--serve-floor", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--peer-db", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve_peer is not None:
         serve_peer(a.serve_peer, a.peer_db)
+        return
+    if a.serve_floor is not None:
+        serve_floor(a.serve_floor)
         return
     client_counts = [int(x) for x in a.clients.split(",")]
     point_counts = [int(x) for x in a.points.split(",")]
@@ -511,6 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="air-bench-ingest-"))
     peer, peer_port = start_peer(str(tmp / "peer.db"))
     peer_target = (peer_port, "/ingest", None)
+    floor, floor_port = start_peer("", floor=True) if a.floor else (None, 0)
     results: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     profile: dict[str, Any] | None = None
     soak: list[dict[str, Any]] = []
@@ -532,6 +562,8 @@ def main(argv: list[str] | None = None) -> None:
                         job, target = sleepers.start()
                         pid = gw.pid
                         body_format = name.split("-", 1)[1]
+                    elif name == "floor" and floor is not None:
+                        target, pid = (floor_port, "/ingest", None), floor.pid
                     else:
                         target, pid = peer_target, peer.pid
                     cpu0 = _cpu_s(pid)
@@ -551,6 +583,7 @@ def main(argv: list[str] | None = None) -> None:
 
                 # Warm both servers and spawn every client process.
                 targets = [f"air-{f}" for f in a.formats.split(",")] + ["peer"]
+                targets += ["floor"] if a.floor else []
                 for name in targets:
                     run(name, 100, max(client_counts), 1.0)
                 for r in range(a.runs):
@@ -580,6 +613,9 @@ def main(argv: list[str] | None = None) -> None:
         if a.history_check:
             history = history_check()
     finally:
+        if floor is not None:
+            floor.terminate()
+            floor.wait(10)
         peer.terminate()
         try:
             peer.wait(10)
@@ -613,6 +649,8 @@ def main(argv: list[str] | None = None) -> None:
                 label = (
                     f"AIR gateway, {s['target'].split('-', 1)[1]}"
                     if s["target"].startswith("air")
+                    else "floor: uvicorn + a bare ASGI 204"
+                    if s["target"] == "floor"
                     else "peer: FastAPI + SQLite"
                 )
                 rows.append(
