@@ -31,12 +31,18 @@ def report_of(body: bytes, content_type: str | None) -> dict[str, Any]:
     report = msgpack.unpackb(body)
     columns = report.pop("columns", None)
     if columns is not None:
-        rows = zip(*columns["values"]) if columns["values"] else ([] for _ in columns["step"])
+        rows = (
+            zip(*columns["values"], strict=True)
+            if columns["values"]
+            else ([] for _ in columns["step"])
+        )
         report["points"] = [
             {
                 "step": s,
                 "ts": t,
-                "values": {n: v for n, v in zip(columns["names"], row) if v is not None},
+                "values": {
+                    n: v for n, v in zip(columns["names"], row, strict=True) if v is not None
+                },
             }
             for s, t, row in zip(columns["step"], columns["ts"], rows, strict=True)
         ]
