@@ -49,6 +49,8 @@ class ParsedReport:
 
     report: WorkerReport
     columns: PointColumns | None = None
+    #: the body's format: "json" or "msgpack"
+    body_format: str = "json"
 
     @property
     def num_points(self) -> int:
@@ -98,9 +100,9 @@ def _parse_msgpack(body: bytes) -> ParsedReport:
     except ValidationError as exc:
         raise ApiError(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
     if columns is None:
-        return ParsedReport(report)
+        return ParsedReport(report, body_format="msgpack")
     try:
         checked = PointColumns.check(columns)
     except ValueError as exc:
         raise ApiError(422, f"not a WorkerReport: {exc}") from None
-    return ParsedReport(report, checked if checked.num_points else None)
+    return ParsedReport(report, checked if checked.num_points else None, "msgpack")

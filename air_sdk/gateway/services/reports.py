@@ -84,6 +84,7 @@ def ingest_report(
             num_points=num_points,
             blocked_s=[c.blocked_s for c in report.checkpoints if isinstance(c, CheckpointCommit)],
             seconds=time.perf_counter() - began,
+            body_format=parsed.body_format,
         )
 
 

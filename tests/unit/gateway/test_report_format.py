@@ -122,6 +122,10 @@ def test_shipper_msgpack_reports_read_back_through_the_metrics_api(
     logged = _logged(shipper)
     assert shipper.close(timeout=30)
     assert poster.takes_msgpack  # every report went as msgpack and was taken
+    registry = gateway.client.app.state.air.metrics.registry
+    sample = registry.get_sample_value
+    assert sample("air_ingest_reports_total", {"format": "msgpack"}) >= 1
+    assert sample("air_ingest_reports_total", {"format": "json"}) is None
     points = gateway.metric_points()
     assert [(p["step"], p["rank"]) for p in points] == [(s, 0) for s, _ in logged]
     assert [p["values"] for p in points] == [
