@@ -4,12 +4,13 @@ How: start a real gateway (subprocess, temp home) and submit a 1-rank job whose
 script writes its attempt's env (AIR_JOB_ID, AIR_ATTEMPT, AIR_GATEWAY_URL,
 AIR_JOB_TOKEN) to a 0600 file and then sleeps. With that worker token, K
 client processes POST `WorkerReport` bodies, byte for byte what the runtime's
-shipper sends (B points of 3 values each), to
+shipper sends (B points of 3 values each; msgpack with columnar points, its
+default, and with `--formats msgpack,json` also its JSON), to
 `/v1/jobs/{id}/attempts/{n}/report` for `--duration` seconds, so every post
-goes through the gateway's token check, pydantic validation and SQLite
-transaction. In the same run, interleaved, the same clients post the same
-bodies to a peer: a minimal FastAPI + uvicorn app (started from this file)
-that parses the JSON and appends one SQLite row per point.
+goes through the gateway's token check, validation and SQLite transaction. In
+the same run, interleaved, the same clients post the JSON bodies to a peer: a
+minimal FastAPI + uvicorn app (started from this file) that parses the JSON and
+appends one SQLite row per point.
 
 Clients use `http.client` keep-alive connections (lighter than requests, so
 more of the 2 cores is left to the servers) and time each request.
@@ -25,6 +26,7 @@ import array
 import collections
 import http.client
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -53,7 +55,7 @@ from _common import (  # noqa: E402
     write_result,
 )
 
-GOAL_POINTS_PER_S = 150_000
+GOAL_POINTS_PER_S = 300_000
 GOAL_P99_MS = 20.0
 NUM_DISTINCT_BODIES = 16
 
@@ -110,10 +112,30 @@ def serve_peer(port: int, db: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def start_peer(db: str) -> tuple[subprocess.Popen[bytes], int]:
+def serve_floor(port: int) -> None:
+    """What the HTTP stack alone costs: uvicorn and one ASGI function that reads the body
+    and answers 204 (200 to the health check), no framework, no storage."""
+    import uvicorn
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            message = await receive()
+            more = message.get("more_body", False)
+        status = 200 if scope["method"] == "GET" else 204
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def start_peer(db: str, *, floor: bool = False) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
+    role = ["--serve-floor", str(port)] if floor else ["--serve-peer", str(port), "--peer-db", db]
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve-peer", str(port), "--peer-db", db],
+        [sys.executable, __file__, *role],
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -133,8 +155,26 @@ def start_peer(db: str) -> tuple[subprocess.Popen[bytes], int]:
 # ---- clients --------------------------------------------------------------------------------
 
 
-def make_bodies(num_points: int, rank: int) -> list[bytes]:
-    """WorkerReport bodies as the runtime's shipper serializes them (compact JSON)."""
+#: the Content-Type of each body format
+CONTENT_TYPES = {"json": "application/json", "msgpack": "application/msgpack"}
+
+
+def make_bodies(num_points: int, rank: int, body_format: str = "json") -> list[bytes]:
+    """WorkerReport bodies as the runtime's shipper serializes them: compact JSON, or
+    msgpack with the points as columns (`_Batch.to_msgpack`, what it sends by default)."""
+    if body_format == "msgpack":
+        from air_sdk.runtime._shipper import _Batch
+
+        step, now, out = 0, time.time(), []
+        for _ in range(NUM_DISTINCT_BODIES):
+            points = []
+            for _ in range(num_points):
+                step += 1
+                x = 1.0 / (step + 1)
+                points.append((step, now + step * 1e-3, {"loss": x, "acc": 1 - x, "lr": 3e-4}))
+            batch = _Batch(points, [], heartbeat_step=step)
+            out.append(batch.to_msgpack(rank))
+        return out
     bodies = []
     step = 0
     now = time.time()
@@ -163,9 +203,10 @@ def client_task(
     rank: int,
     start_at: float,
     duration: float,
+    body_format: str = "json",
 ) -> dict[str, Any]:
-    bodies = make_bodies(num_points, rank)
-    headers = {"Content-Type": "application/json"}
+    bodies = make_bodies(num_points, rank, body_format)
+    headers = {"Content-Type": CONTENT_TYPES[body_format]}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -206,10 +247,11 @@ def measure(
     num_clients: int,
     duration: float,
     ok_status: int = 204,
+    body_format: str = "json",
 ) -> dict[str, Any]:
     start_at = time.time() + 0.5
     futures = [
-        pool.submit(client_task, port, path, token, num_points, i, start_at, duration)
+        pool.submit(client_task, port, path, token, num_points, i, start_at, duration, body_format)
         for i in range(num_clients)
     ]
     results = [f.result() for f in futures]
@@ -251,6 +293,11 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("store: append transaction (INSERTs + COMMIT)", ("EventLog.append_worker_events",)),
     ("store: worker token check (SELECT)", ("AttemptStore.check_worker_token",)),
     ("pydantic: WorkerReport.model_validate_json", ("BaseModel.model_validate_json",)),
+    (
+        "report body: msgpack decode, columns check, metrics JSON",
+        ("report_body.py", "columns.py"),
+    ),
+    ("report service: scrub, payloads (ingest_report)", ("ingest_report",)),
     ("pydantic: model_dump_json of points/lines", ("BaseModel.model_dump_json",)),
     (
         "threadpool hand-off (run_in_threadpool, loop wake-ups)",
@@ -265,17 +312,19 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        "FastAPI/Starlette routing, middleware, request body",
+        "FastAPI/Starlette routing, AIR's middlewares, request body",
         (
             "fastapi/",
             "starlette/",
             "routing.py",
             "worker_report",
+            "security.py",
+            "report_shortcut.py",
         ),
     ),
     (
-        "uvicorn h11 HTTP parsing/writing, asyncio loop",
-        ("uvicorn/", "h11", "asyncio/", "selector_events"),
+        "uvicorn HTTP parsing/writing (h11 or httptools), event loop (asyncio or uvloop)",
+        ("uvicorn/", "h11", "httptools", "asyncio/", "selector_events", "uvloop"),
     ),
 )
 
@@ -452,6 +501,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=4.0, help="seconds of posting per measurement")
     p.add_argument("--clients", default="2,4", help="client process counts to try")
     p.add_argument("--points", default="100,1000", help="points per report to try")
+    p.add_argument(
+        "--formats",
+        default="msgpack",
+        help="the bodies AIR is posted: msgpack (the shipper's default), json, or both",
+    )
     p.add_argument("--profile", action="store_true", help="py-spy the gateway (100 pts, 2 clients)")
     p.add_argument(
         "--soak",
@@ -465,11 +519,20 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also time the job controller's per-tick event-log lookup at 0.1M-3M points",
     )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also post to uvicorn + a bare ASGI 204 (the HTTP stack's own ceiling)",
+    )
     p.add_argument("--serve-peer", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--serve-floor", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--peer-db", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve_peer is not None:
         serve_peer(a.serve_peer, a.peer_db)
+        return
+    if a.serve_floor is not None:
+        serve_floor(a.serve_floor)
         return
     client_counts = [int(x) for x in a.clients.split(",")]
     point_counts = [int(x) for x in a.points.split(",")]
@@ -477,6 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="air-bench-ingest-"))
     peer, peer_port = start_peer(str(tmp / "peer.db"))
     peer_target = (peer_port, "/ingest", None)
+    floor, floor_port = start_peer("", floor=True) if a.floor else (None, 0)
     results: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     profile: dict[str, Any] | None = None
     soak: list[dict[str, Any]] = []
@@ -493,25 +557,39 @@ def main(argv: list[str] | None = None) -> None:
                     name: str, num_points: int, num_clients: int, duration: float
                 ) -> dict[str, Any]:
                     job = None
-                    if name == "air":
+                    body_format = "json"
+                    if name.startswith("air"):
                         job, target = sleepers.start()
                         pid = gw.pid
+                        body_format = name.split("-", 1)[1]
+                    elif name == "floor" and floor is not None:
+                        target, pid = (floor_port, "/ingest", None), floor.pid
                     else:
                         target, pid = peer_target, peer.pid
                     cpu0 = _cpu_s(pid)
-                    m = measure(pool, *target, num_points, num_clients, duration)
+                    m = measure(
+                        pool,
+                        *target,
+                        num_points,
+                        num_clients,
+                        duration,
+                        body_format=body_format,
+                    )
                     m["server_cpu_cores"] = (_cpu_s(pid) - cpu0) / m["elapsed_s"]
+                    m["load_1m"] = os.getloadavg()[0]
                     if job is not None:
                         sleepers.stop(job)
                     return m
 
                 # Warm both servers and spawn every client process.
-                for name in ("air", "peer"):
+                targets = [f"air-{f}" for f in a.formats.split(",")] + ["peer"]
+                targets += ["floor"] if a.floor else []
+                for name in targets:
                     run(name, 100, max(client_counts), 1.0)
                 for r in range(a.runs):
                     for num_points in point_counts:
                         for num_clients in client_counts:
-                            order = ("air", "peer") if r % 2 == 0 else ("peer", "air")
+                            order = targets if r % 2 == 0 else targets[::-1]
                             for name in order:
                                 m = run(name, num_points, num_clients, a.duration)
                                 m.update(
@@ -519,10 +597,10 @@ def main(argv: list[str] | None = None) -> None:
                                 )
                                 results[f"{name}/{num_points}/{num_clients}"].append(m)
                                 print(
-                                    f"run {r + 1} {name:<4} {num_points:>5} pts x {num_clients} clients:"
+                                    f"run {r + 1} {name:<12} {num_points:>5} pts x {num_clients} clients:"
                                     f" {m['points_per_s']:>9,.0f} points/s, p50 {m['p50_ms']:.1f} ms,"
                                     f" p99 {m['p99_ms']:.1f} ms, server CPU {m['server_cpu_cores']:.2f}"
-                                    f" cores, errors {m['errors'] or 0}",
+                                    f" cores, load {m['load_1m']:.1f}, errors {m['errors'] or 0}",
                                     flush=True,
                                 )
                 if a.profile:
@@ -535,6 +613,9 @@ def main(argv: list[str] | None = None) -> None:
         if a.history_check:
             history = history_check()
     finally:
+        if floor is not None:
+            floor.terminate()
+            floor.wait(10)
         peer.terminate()
         try:
             peer.wait(10)
@@ -555,17 +636,23 @@ def main(argv: list[str] | None = None) -> None:
             "p99_ms": median([m["p99_ms"] for m in ms]),
             "max_ms": max(m["max_ms"] for m in ms),
             "server_cpu_cores": median([m["server_cpu_cores"] for m in ms]),
+            "load_1m": median([m["load_1m"] for m in ms]),
             "errors": sum(sum(m["errors"].values()) for m in ms),
             "each_points_per_s": [m["points_per_s"] for m in ms],
         }
         summary[key] = s
     for num_points in point_counts:
         for num_clients in client_counts:
-            air_s = summary[f"air/{num_points}/{num_clients}"]
             peer_s = summary[f"peer/{num_points}/{num_clients}"]
             peer_rate = peer_s["points_per_s"] or float("nan")
-            for s in (air_s, peer_s):
-                label = "AIR gateway" if s["target"] == "air" else "peer: FastAPI + SQLite"
+            for s in [summary[f"{t}/{num_points}/{num_clients}"] for t in targets]:
+                label = (
+                    f"AIR gateway, {s['target'].split('-', 1)[1]}"
+                    if s["target"].startswith("air")
+                    else "floor: uvicorn + a bare ASGI 204"
+                    if s["target"] == "floor"
+                    else "peer: FastAPI + SQLite"
+                )
                 rows.append(
                     [
                         label,
@@ -576,6 +663,7 @@ def main(argv: list[str] | None = None) -> None:
                         fmt(s["p99_ms"], 1),
                         fmt(s["max_ms"], 0),
                         fmt(s["server_cpu_cores"], 2),
+                        fmt(s["load_1m"], 1),
                         s["errors"],
                         fmt(s["points_per_s"] / peer_rate) + "x",
                         " / ".join(f"{v / 1000:,.0f}k" for v in s["each_points_per_s"]),
@@ -595,6 +683,7 @@ def main(argv: list[str] | None = None) -> None:
                 "p99 (ms)",
                 "max (ms)",
                 "server CPU (cores)",
+                "load (1 min)",
                 "errors",
                 "vs peer",
                 "each run",
@@ -602,7 +691,7 @@ def main(argv: list[str] | None = None) -> None:
             rows,
         )
     )
-    goal_key = f"air/100/{client_counts[0]}"
+    goal_key = f"{targets[0]}/100/{client_counts[0]}"
     best = summary.get(goal_key)
     if best is not None:
         meets = best["points_per_s"] >= GOAL_POINTS_PER_S and best["p99_ms"] < GOAL_P99_MS
@@ -700,7 +789,7 @@ def run_soak(
     try:
         for _ in range(max(1, round(seconds / 5))):
             cpu0 = _cpu_s(gateway_pid)
-            m = measure(pool, *target, 1000, 2, 5.0)
+            m = measure(pool, *target, 1000, 2, 5.0, body_format="msgpack")
             m["server_cpu_cores"] = (_cpu_s(gateway_pid) - cpu0) / m["elapsed_s"]
             m["points_before"] = total
             total += int(m["points_per_s"] * m["elapsed_s"])
@@ -753,7 +842,7 @@ def run_profile(
         )
         time.sleep(0.5)
         port, path, token = target
-        m = measure(pool, port, path, token, 100, 2, duration)
+        m = measure(pool, port, path, token, 100, 2, duration, body_format="msgpack")
         _, err = spy.communicate(timeout=60)
         if spy.returncode != 0 or not raw.exists():
             print(f"py-spy failed: {err.decode(errors='replace')[-500:]}")

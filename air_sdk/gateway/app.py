@@ -23,6 +23,7 @@ from air_sdk.export.service import ExportService
 from air_sdk.gateway.bodies import add_body_schemas, describe_errors
 from air_sdk.gateway.metrics import GatewayMetrics
 from air_sdk.gateway.options import SecurityOptions
+from air_sdk.gateway.report_shortcut import ReportShortcut
 from air_sdk.gateway.security import install
 from air_sdk.gateway.translate import install_translator
 from air_sdk.runner import Runner
@@ -208,6 +209,8 @@ def create_app(
     app.include_router(ui.api_router)
     app.state.ui = UiRenderer(ctx.store)
     app.include_router(scrape.router)
+    # innermost: reports pass every guard below, then skip FastAPI's routing
+    app.add_middleware(ReportShortcut, endpoint=routes.worker_report)
     install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
     app.state.streams = OpenStreams.from_limits((security or SecurityOptions()).limits)
 

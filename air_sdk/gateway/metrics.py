@@ -96,7 +96,13 @@ class GatewayMetrics:
         self.points = Counter(
             "air_ingest_points", "Metric points ingested from worker reports.", registry=r
         )
-        self.reports = Counter("air_ingest_reports", "Worker reports ingested.", registry=r)
+        self.reports = Counter(
+            "air_ingest_reports",
+            "Worker reports ingested, by body format (json: a runtime older than msgpack"
+            " reports, curl, a function's result).",
+            ["format"],
+            registry=r,
+        )
         self.ingest = Histogram(
             "air_ingest_report_seconds",
             "Seconds the gateway took to check, scrub and store one worker report.",
@@ -114,10 +120,16 @@ class GatewayMetrics:
         self.cycle.observe(seconds)
 
     def observe_report(
-        self, *, num_points: int, blocked_s: Iterable[float], seconds: float
+        self,
+        *,
+        num_points: int,
+        blocked_s: Iterable[float],
+        seconds: float,
+        body_format: str = "json",
     ) -> None:
-        """One ingested report: its points counted in one step, its checkpoints' waits."""
-        self.reports.inc()
+        """One ingested report: its points counted in one step, its checkpoints' waits,
+        its body's format (`json` or `msgpack`)."""
+        self.reports.labels(format=body_format).inc()
         if num_points:
             self.points.inc(num_points)
         for blocked in blocked_s:

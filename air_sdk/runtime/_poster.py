@@ -4,6 +4,11 @@ One `requests.Session` per poster; transport errors, 429, 502, 503 and 504 are
 retried with jittered exponential backoff (honouring Retry-After) within a
 bounded time per post. 409 (a fenced, stale attempt) and 401/403/404 stop all
 posting; any other refusal drops that one report.
+
+Reports go as msgpack (`application/msgpack`, points as columns) where the caller can
+encode them so; a gateway that answers such a post 415 (it reads only JSON) or refuses
+it where the same report as JSON is taken (an older gateway that read every body as
+JSON) gets JSON from then on.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from enum import Enum
 from urllib.parse import quote
@@ -28,7 +34,10 @@ from tenacity import (
 
 from air_sdk.runtime._context import Context
 
-__all__ = ["PostOutcome", "ReportPoster", "report_url", "warn"]
+__all__ = ["JSON_TYPE", "MSGPACK_TYPE", "PostOutcome", "ReportPoster", "report_url", "warn"]
+
+JSON_TYPE = "application/json"
+MSGPACK_TYPE = "application/msgpack"
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 60.0
@@ -98,12 +107,14 @@ class ReportPoster:
         self.url = url
         self.max_post_s = max_post_s
         self._session = requests.Session()
-        self._session.headers["Content-Type"] = "application/json"
+        #: whether the gateway is still believed to read msgpack reports
+        self.takes_msgpack = True
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
         self._abort = threading.Event()
         self._not_before = 0.0  # a Retry-After that outlived the last post's budget
         self._warned: set[int] = set()
+        self._last_refusal = 0  # the status of the last post's refusal, 0 if none
 
     def abort(self) -> None:
         """Give up on the post in progress and any later one (used by a timed-out close)."""
@@ -113,8 +124,30 @@ class ReportPoster:
     def aborted(self) -> bool:
         return self._abort.is_set()
 
-    def post(self, body: bytes) -> PostOutcome:
-        """Post one serialized WorkerReport; never raises."""
+    def post(
+        self,
+        body: bytes,
+        *,
+        content_type: str = JSON_TYPE,
+        as_json: Callable[[], bytes] | None = None,
+    ) -> PostOutcome:
+        """Post one serialized WorkerReport; never raises. With `as_json` (the same report
+        as JSON), a refusal of `body` (415, or 422 where the JSON is then taken) is
+        answered by posting the JSON, and by posting JSON only from then on."""
+        if as_json is None:
+            return self._post(body, content_type)
+        outcome = self._post(body, content_type, quiet=(415, 422))
+        refused = self._last_refusal
+        if outcome is not PostOutcome.REJECTED or refused not in (415, 422):
+            return outcome
+        outcome = self._post(as_json(), JSON_TYPE)
+        if refused == 415 or outcome is PostOutcome.DELIVERED:
+            self.takes_msgpack = False
+            warn(f"the gateway does not read msgpack reports (HTTP {refused}); posting JSON")
+        return outcome
+
+    def _post(self, body: bytes, content_type: str, *, quiet: tuple[int, ...] = ()) -> PostOutcome:
+        self._last_refusal = 0
         delay = self._not_before - time.monotonic()
         if delay > 0 and (self._abort.wait(min(delay, self.max_post_s)) or delay > self.max_post_s):
             return PostOutcome.FAILED
@@ -129,7 +162,7 @@ class ReportPoster:
         try:
             for attempt in retrying:
                 with attempt:
-                    self._post_once(body, deadline)
+                    self._post_once(body, content_type, deadline)
         except _Retryable as exc:
             if exc.retry_after:
                 self._not_before = time.monotonic() + exc.retry_after
@@ -138,19 +171,23 @@ class ReportPoster:
             if exc.status in (0, 401, 403, 404, 409):
                 warn(f"{exc}; this process sends no more metrics or logs")
                 return PostOutcome.STOPPED
-            if exc.status not in self._warned:
+            self._last_refusal = exc.status
+            if exc.status not in self._warned and exc.status not in quiet:
                 self._warned.add(exc.status)
                 warn(f"{exc}; that report is dropped")
             return PostOutcome.REJECTED
         return PostOutcome.DELIVERED
 
-    def _post_once(self, body: bytes, deadline: float) -> None:
+    def _post_once(self, body: bytes, content_type: str, deadline: float) -> None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Retryable()
         try:
             response = self._session.post(
-                self.url, data=body, timeout=(min(3.0, remaining), remaining)
+                self.url,
+                data=body,
+                headers={"Content-Type": content_type},
+                timeout=(min(3.0, remaining), remaining),
             )
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise _Retryable() from exc

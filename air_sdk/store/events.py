@@ -23,6 +23,7 @@ import time
 
 from air_sdk.redact import Redactor, secret_values
 from air_sdk.schema import Event, EventPayload, EventType, FailureInfo
+from air_sdk.schema.columns import SerializedMetrics
 from air_sdk.schema.events import event_type_of
 from air_sdk.schema.numbers import json_data, loads_data
 from air_sdk.store.database import Database
@@ -103,7 +104,7 @@ class EventLog:
         job_id: str,
         attempt: int,
         rank: int,
-        items: list[EventPayload],
+        items: list[EventPayload | SerializedMetrics],
         heartbeat_step: int | None,
         *,
         progress: bool = False,
@@ -117,12 +118,15 @@ class EventLog:
         against hangs of ranks that log steps. `active` marks a report that shows the
         rank alive otherwise (output lines, CPU or GPU use): hangs of plain scripts. A
         rank's first report counts as activity (it just started). `finished` marks the
-        report of a rank whose runtime shut down (it is leaving)."""
+        report of a rank whose runtime shut down (it is leaving). A `SerializedMetrics`
+        item is a `metrics` event whose JSON was written from a binary report's columns."""
         now = time.time()
         with self._db.tx() as c:
             for payload in items:
-                etype = event_type_of(payload)
-                data_json = payload.model_dump_json()
+                if isinstance(payload, SerializedMetrics):
+                    etype, data_json = EventType.METRICS, payload.data_json
+                else:
+                    etype, data_json = event_type_of(payload), payload.model_dump_json()
                 column = COUNTED.get(etype)
                 if column is None:
                     seq = c.execute(

@@ -2,8 +2,11 @@
 parsed, every secret of the job and any AIR token scrubbed from its text (a function's
 return value holding one is refused: a pickle cannot be edited), then stored.
 
+The body is JSON or msgpack (`air_sdk.gateway.services.report_body`); a msgpack
+report's points are stored from their columns as the same `metrics` event JSON.
+
 Example:
-    >>> ingest_report(ctx, "train-5d41402a", 1, token, body)  # doctest: +SKIP
+    >>> ingest_report(ctx, "train-5d41402a", 1, token, body, "application/msgpack")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -13,13 +16,12 @@ import binascii
 import time
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from air_sdk.errors import ApiError, AuthError, ConflictError
-from air_sdk.gateway.bodies import describe_validation_error
+from air_sdk.gateway.services.report_body import parse_report
 from air_sdk.redact import Redactor
 from air_sdk.schema import FunctionResult, WorkerReport
-from air_sdk.schema.events import CheckpointCommit, CheckpointRestore
+from air_sdk.schema.columns import SerializedMetrics
+from air_sdk.schema.events import CheckpointCommit, CheckpointRestore, EventPayload, MetricsBatch
 
 if TYPE_CHECKING:
     from air_sdk.gateway.app import GatewayContext
@@ -27,20 +29,26 @@ if TYPE_CHECKING:
 __all__ = ["ingest_report", "scrubbed", "scrubbed_result"]
 
 
-def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, body: bytes) -> None:
+def ingest_report(
+    ctx: GatewayContext,
+    job_id: str,
+    attempt: int,
+    token: str,
+    body: bytes,
+    content_type: str | None = "application/json",
+) -> None:
     """Store one rank's report: an `AuthError` (401) for a token not of this job and
     attempt, a `ConflictError` (409) for an attempt no longer current, an `ApiError`
-    (422) for a body that is not a `WorkerReport` or a result holding a secret."""
+    (422) for a body that is not a `WorkerReport` or a result holding a secret, (415)
+    for a Content-Type that is neither JSON nor msgpack."""
     began = time.perf_counter()
     verdict = ctx.store.check_worker_token(job_id, attempt, token)
     if verdict == "invalid":
         raise AuthError(401, "the worker token does not belong to this job and attempt")
     if verdict == "stale":
         raise ConflictError(409, f"attempt {attempt} is no longer current; stop posting")
-    try:
-        report = WorkerReport.model_validate_json(body)
-    except ValidationError as exc:
-        raise ApiError(422, f"not a WorkerReport: {describe_validation_error(exc)}") from None
+    parsed = parse_report(body, content_type)
+    report = parsed.report
     shard = report.data.waiting_shard if report.data is not None else None
     has_text = report.lines or report.checkpoints or shard
     if has_text or report.exit is not None or report.result is not None:
@@ -49,15 +57,23 @@ def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, bo
         if isinstance(record, CheckpointRestore):
             ctx.store.set_resumed_from(job_id, attempt, record.step)
     step = report.heartbeat_step
-    if step is None and report.points:
-        step = report.points[-1].step
-    progress = bool(report.points) or report.heartbeat_step is not None
+    if step is None:
+        step = parsed.last_step
+    num_points = parsed.num_points
+    progress = num_points > 0 or report.heartbeat_step is not None
     active = bool(report.lines) or report.busy
+    items: list[EventPayload | SerializedMetrics] = list(report.payloads())
+    if parsed.columns is not None:  # stored as the MetricsBatch of these points would be
+        data_json = report.data.model_dump_json() if report.data is not None else "null"
+        metrics = parsed.columns.batch_json(
+            dropped_points=report.dropped_points, data_json=data_json
+        )
+        items = [metrics, *(p for p in items if not isinstance(p, MetricsBatch))]
     ctx.store.append_worker_events(
         job_id,
         attempt,
         report.rank,
-        report.payloads(),
+        items,
         step,
         progress=progress,
         active=active,
@@ -65,9 +81,10 @@ def ingest_report(ctx: GatewayContext, job_id: str, attempt: int, token: str, bo
     )
     if ctx.metrics is not None:  # one observation per report, never per point
         ctx.metrics.observe_report(
-            num_points=len(report.points),
+            num_points=num_points,
             blocked_s=[c.blocked_s for c in report.checkpoints if isinstance(c, CheckpointCommit)],
             seconds=time.perf_counter() - began,
+            body_format=parsed.body_format,
         )
 
 

@@ -109,7 +109,7 @@ def test_a_scrape_shows_the_history_it_was_given(tenancy):
     assert m[("air_jobs", (("state", "QUEUED"), ("tenant", "acme")))] == 0.0
     assert m[("air_jobs", (("state", "CANCELLED"), ("tenant", "globex")))] == 1.0
     assert m[("air_ingest_points_total", ())] == 3.0
-    assert m[("air_ingest_reports_total", ())] == 1.0
+    assert m[("air_ingest_reports_total", (("format", "json"),))] == 1.0
     assert m[("air_ingest_report_seconds_count", ())] == 1.0
     assert m[("air_checkpoint_blocked_seconds_count", ())] == 1.0
     assert m[("air_checkpoint_blocked_seconds_sum", ())] == pytest.approx(0.04)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import msgpack
 import pytest
 
 from air_sdk.runtime._poster import ReportPoster
@@ -23,8 +24,34 @@ from air_sdk.schema.events import WorkerReport
 REPORT_PATH = "/v1/jobs/job-1/attempts/0/report"
 
 
+def report_of(body: bytes, content_type: str | None) -> dict[str, Any]:
+    """A posted report as its JSON form: a msgpack one's columns become `points`."""
+    if content_type != "application/msgpack":
+        return json.loads(body)
+    report = msgpack.unpackb(body)
+    columns = report.pop("columns", None)
+    if columns is not None:
+        rows = (
+            zip(*columns["values"], strict=True)
+            if columns["values"]
+            else ([] for _ in columns["step"])
+        )
+        report["points"] = [
+            {
+                "step": s,
+                "ts": t,
+                "values": {
+                    n: v for n, v in zip(columns["names"], row, strict=True) if v is not None
+                },
+            }
+            for s, t, row in zip(columns["step"], columns["ts"], rows, strict=True)
+        ]
+    return report
+
+
 class FakeGateway:
-    """Records every POST; answers 204 unless a test scripted other answers or holds the gate."""
+    """Records every POST; answers 204 unless a test scripted other answers or holds the gate.
+    Bodies are kept in their JSON form (`report_of`), whichever format was posted."""
 
     def __init__(self, port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []  # every request: path, auth, body, time
@@ -37,12 +64,14 @@ class FakeGateway:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = report_of(raw, self.headers.get("Content-Type"))
                 with gateway.changed:
                     gateway.requests.append(
                         {
                             "path": self.path,
                             "auth": self.headers.get("Authorization"),
+                            "content_type": self.headers.get("Content-Type"),
                             "body": body,
                             "at": time.monotonic(),
                         }
