@@ -68,7 +68,11 @@ def rate(mds: Path, batch_size: int, workers: int, batches: int) -> dict[str, An
 
 def resume(mds: Path, position: int) -> dict[str, Any]:
     """Time from a fresh dataset loading `sample_in_epoch=position` to its first sample
-    (Streaming's own resume: the state its StreamingDataLoader saves)."""
+    (Streaming's own resume: the state its StreamingDataLoader saves). Imports come
+    first, untimed, as AIR's are already done in its measurement."""
+    import streaming  # noqa: F401
+    import torch  # noqa: F401
+
     start = time.perf_counter()
     data = dataset(mds, 1)
     data.load_state_dict(
