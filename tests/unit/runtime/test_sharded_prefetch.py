@@ -135,3 +135,19 @@ def test_a_corrupt_shard_fetched_ahead_names_itself_when_the_reader_reaches_it(l
         assert handler.gets[bad] == 1  # the prefetch's error, not a second download
         assert all(handler.gets[name] == 1 for name in names[:3])
         data.close()
+
+
+def test_dataloader_workers_prefetch_in_their_own_process(remote, local, tmp_path):
+    """Forked workers start their own prefetch threads (the parent's, and the downloads
+    they had under way, stay behind) and read the same batches as the local shards."""
+    from air_sdk.runtime.data import loader
+
+    kw = {**KW, "seed": 2, "shuffle_block": 7}
+    want = [[token_ids(s) for s in b] for b in loader(ShardedDataset(local, **kw), 4)]
+    data = ShardedDataset(remote, cache_dir=tmp_path / "c", **kw)
+    next(iter(data))  # the parent reads too: its prefetch threads run when the workers fork
+    data.load_state_dict({**data.state_dict(), "epoch": 0, "position": 0})
+    stream = loader(data, 4, num_workers=2)
+    assert [[token_ids(s) for s in b] for b in stream] == want
+    assert cached(data) == set(shard_names(local))
+    data.close()
