@@ -444,7 +444,7 @@ def _shards_ahead(
     if budget is None or largest == 0:
         return ahead, max_open_shards
     slots = budget // largest  # 0: the first pin refuses the shard, saying what to raise
-    if asked is not None and ahead > slots - 1:
+    if asked is not None and ahead > max(slots - 1, 0):
         raise ConfigError(
             f"prefetch_shards={ahead} needs room for {ahead + 1} shards (the one read and"
             f" {ahead} ahead) of up to {format_size(largest)}; cache_budget_bytes={budget}"

@@ -13,7 +13,7 @@ from airtest import wait_for
 from shard_files import SEQ_LEN, token_ids, token_shards
 from shard_http import serve_files
 
-from air_sdk.errors import ConfigError, ShardChecksumError
+from air_sdk.errors import ConfigError, DataError, ShardChecksumError
 from air_sdk.runtime.data import ShardedDataset, write_index
 from air_sdk.runtime.data._order import GlobalOrder
 from air_sdk.runtime.data.metrics import recorder
@@ -100,6 +100,10 @@ def test_prefetch_keeps_to_the_cache_budget_and_never_evicts_a_shard_in_use(
     kw = {**KW, "seed": 5, "shuffle_block": 9, "cache_dir": tmp_path / "c"}
     with pytest.raises(ConfigError, match="lower prefetch_shards to 1 or raise cache_budget"):
         ShardedDataset(remote, cache_budget_bytes=budget, prefetch_shards=2, **kw)
+    small = {**kw, "cache_dir": tmp_path / "small", "prefetch_shards": 0}
+    too_small = ShardedDataset(remote, cache_budget_bytes=largest - 1, **small)
+    with pytest.raises(DataError, match="raise cache_budget_bytes above the largest shard"):
+        list(too_small)  # the largest shard's own refusal, when it is reached
     want = [token_ids(s) for s in ShardedDataset(local, **{**kw, "cache_dir": None})]
     data = ShardedDataset(remote, cache_budget_bytes=budget, **kw)
     assert data.prefetch_shards == 1  # the default, bounded by the budget
