@@ -113,6 +113,8 @@ class ShardedDataset(IterableDataset[Any]):
         prefetch_shards: int | None = None,
     ) -> None:
         super().__init__()
+        if int(max_open_shards) < 1:
+            raise ValueError(f"max_open_shards must be >= 1, got {max_open_shards}")
         if prefetch_shards is not None and int(prefetch_shards) < 0:
             raise ValueError(f"prefetch_shards must be >= 0, got {prefetch_shards}")
         # Shards are found through a ShardStore: a local directory's files in place, a

@@ -100,6 +100,9 @@ def test_prefetch_keeps_to_the_cache_budget_and_never_evicts_a_shard_in_use(
     kw = {**KW, "seed": 5, "shuffle_block": 9, "cache_dir": tmp_path / "c"}
     with pytest.raises(ConfigError, match="lower prefetch_shards to 1 or raise cache_budget"):
         ShardedDataset(remote, cache_budget_bytes=budget, prefetch_shards=2, **kw)
+    for bad in ({"prefetch_shards": -1}, {"max_open_shards": 0}):
+        with pytest.raises(ValueError, match="must be >= "):
+            ShardedDataset(remote, **bad, **kw)
     small = {**kw, "cache_dir": tmp_path / "small", "prefetch_shards": 0}
     too_small = ShardedDataset(remote, cache_budget_bytes=largest - 1, **small)
     with pytest.raises(DataError, match="raise cache_budget_bytes above the largest shard"):
