@@ -9,12 +9,15 @@ Measured, interleaved round by round (AIR, peer, AIR, peer ...), medians quoted:
 - samples/s reading shuffled batches of `--seq-len` tokens with `--workers` DataLoader
   workers: `air.data.loader(ShardedDataset(...))` against `DataLoader(MemmapTokens,
   shuffle=True)` (random samples of one memmap per shard, the usual nanoGPT-style
-  map-style dataset), and Streaming's `StreamingDataset` over the same tokens written
-  as MDS when `streaming` imports;
+  map-style dataset), and Streaming's `StreamingDataset` (`py1b` shuffle, as AIR's)
+  over the same samples written as MDS, run in `--streaming-python` (a separate venv:
+  Streaming does not install beside torch 2.13 CPU; `_streaming_peer.py`);
 - time to the first batch after resuming at global position `--resume-at` (10^8
   samples of `--resume-seq-len` tokens, the same shards read with shorter samples),
   against iterating to skip (measured over `--skip-probe` samples and extrapolated,
   said so);
+- time to the first sample resuming at the last sample of the `--seq-len` data, AIR
+  against Streaming (`load_state_dict(sample_in_epoch=...)`), with `--streaming-python`;
 - peak memory of the process and its workers (the sum of their PSS).
 
 Nothing here is a test; results go to benchmarks/results/data.json.
@@ -23,18 +26,19 @@ Nothing here is a test; results go to benchmarks/results/data.json.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from _common import header, markdown_table, median, write_result
+from _loading import read_rate
 from torch.utils.data import DataLoader, Dataset
 
 from air_sdk.runtime.data import ShardedDataset, loader, write_index
@@ -80,49 +84,6 @@ class MemmapTokens(Dataset[torch.Tensor]):
         return torch.from_numpy(chunk.astype(np.int64))
 
 
-class PeakRss:
-    """The peak memory of this process and its workers, sampled every 50 ms: the sum of
-    their PSS (forked workers share pages copy-on-write; summing RSS would count the
-    shared pages once per process)."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for proc in [me, *me.children(recursive=True)]:
-                try:
-                    total += proc.memory_full_info().pss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop.wait(0.05)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def read_rate(batches: Any, num: int, batch_size: int) -> tuple[float, int]:
-    """Samples/s over `num` batches after the first (workers starting is not reading)."""
-    with PeakRss() as rss:
-        it = iter(batches)
-        next(it)
-        start = time.perf_counter()
-        for _ in range(num):
-            next(it)
-        elapsed = time.perf_counter() - start
-    return num * batch_size / elapsed, rss.peak
-
-
 def air_batches(root: Path, args: argparse.Namespace) -> Any:
     data = ShardedDataset(root, seq_len=args.seq_len, seed=1, dp_rank=0, dp_size=1)
     return loader(data, args.batch_size, num_workers=args.workers)
@@ -136,38 +97,37 @@ def memmap_batches(root: Path, args: argparse.Namespace) -> Any:
     )
 
 
-def streaming_batches(mds: Path, args: argparse.Namespace) -> Any:
-    from streaming import StreamingDataset
-
-    data = StreamingDataset(
-        local=str(mds),
-        shuffle=True,
-        shuffle_seed=1,
-        batch_size=args.batch_size,
-        num_canonical_nodes=1,
+def streaming(python: str, *args: object) -> dict[str, Any]:
+    """One run of `_streaming_peer.py` in Streaming's interpreter (its JSON line)."""
+    script = Path(__file__).with_name("_streaming_peer.py")
+    run = subprocess.run(
+        [python, str(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(script.parent)},
     )
-    return DataLoader(data, args.batch_size, num_workers=args.workers)
+    if run.returncode != 0:
+        raise RuntimeError(f"{script.name} {args[0]} failed: {run.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return result
 
 
-def write_mds(root: Path, mds: Path, seq_len: int) -> None:
-    from streaming import MDSWriter
-
-    with MDSWriter(out=str(mds), columns={"tokens": "ndarray:uint16"}, size_limit="200mb") as out:
-        for f in sorted(root.glob("*.bin")):
-            tokens = np.memmap(f, dtype=np.uint16, mode="r")
-            for k in range((len(tokens) - 1) // seq_len):
-                out.write({"tokens": np.array(tokens[k * seq_len : (k + 1) * seq_len + 1])})
+def air_resume_s(root: Path, seq_len: int, position: int) -> float:
+    """Seconds from a fresh dataset loading `position` to its first sample."""
+    data = ShardedDataset(root, seq_len=seq_len, seed=1, dp_rank=0, dp_size=1)
+    state = {**data.state_dict(), "position": position}
+    start = time.perf_counter()
+    resumed = ShardedDataset(root, seq_len=seq_len, seed=1, dp_rank=0, dp_size=1)
+    resumed.load_state_dict(state)
+    next(iter(resumed))
+    return time.perf_counter() - start
 
 
 def resume_times(root: Path, args: argparse.Namespace) -> dict[str, float]:
     data = ShardedDataset(root, seq_len=args.resume_seq_len, seed=1, dp_rank=0, dp_size=1)
     position = min(args.resume_at, data.num_samples - 1)
-    state = {**data.state_dict(), "position": position}
-    start = time.perf_counter()
-    resumed = ShardedDataset(root, seq_len=args.resume_seq_len, seed=1, dp_rank=0, dp_size=1)
-    resumed.load_state_dict(state)
-    next(iter(resumed))
-    air_s = time.perf_counter() - start
+    air_s = air_resume_s(root, args.resume_seq_len, position)
     # iterate to skip: the same dataset read from 0, timed over a probe, extrapolated
     fresh = iter(ShardedDataset(root, seq_len=args.resume_seq_len, seed=1, dp_rank=0, dp_size=1))
     start = time.perf_counter()
@@ -193,6 +153,11 @@ def main() -> None:
     parser.add_argument("--resume-at", type=int, default=10**8)
     parser.add_argument("--resume-seq-len", type=int, default=8)
     parser.add_argument("--skip-probe", type=int, default=100_000)
+    parser.add_argument(
+        "--streaming-python",
+        help="an interpreter where `import streaming` works (MosaicML Streaming needs its own"
+        " venv here: docs/benchmarks.md); without it Streaming is not measured",
+    )
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="air-data-bench-"))
@@ -208,21 +173,37 @@ def main() -> None:
         "air": lambda: air_batches(root, args),
         "memmap DataLoader": lambda: memmap_batches(root, args),
     }
-    streaming_note = ""
-    try:
-        import streaming  # noqa: F401
-
+    streaming_note = "mosaicml-streaming not measured: pass --streaming-python"
+    streaming_resumes: list[dict[str, float]] = []
+    if args.streaming_python:
         mds = tmp / "mds"
-        write_mds(root, mds, args.seq_len)
-        peers["mosaicml-streaming"] = lambda: streaming_batches(mds, args)
-    except Exception as exc:  # not installable beside torch 2.13 CPU here: say so
-        streaming_note = f"mosaicml-streaming not measured: {type(exc).__name__}: {exc}"
-        print(streaming_note, file=sys.stderr)
+        converted = streaming(args.streaming_python, "convert", root, mds, args.seq_len)
+        streaming_note = f"mosaicml-streaming {converted['streaming_version']}: measured"
+        print(f"wrote {converted['samples']:,} samples as MDS in {converted['seconds']:.0f} s")
+
+        def streaming_rate() -> tuple[float, int]:
+            out = streaming(
+                args.streaming_python, "rate", mds, args.batch_size, args.workers, args.batches
+            )
+            return out["samples_per_s"], out["peak_pss"]
 
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in peers}
+    if args.streaming_python:
+        runs["mosaicml-streaming"] = []
+    # the same last position of the seq_len samples, resumed by both (Streaming's MDS
+    # holds those samples only; 10^8 of them would take hours to write with MDSWriter)
+    last = ShardedDataset(root, seq_len=args.seq_len, seed=1, dp_rank=0, dp_size=1).num_samples - 1
     for _ in range(args.rounds):
         for name, make in peers.items():
             runs[name].append(read_rate(make(), args.batches, args.batch_size))
+        if args.streaming_python:
+            runs["mosaicml-streaming"].append(streaming_rate())
+            streaming_resumes.append(
+                {
+                    "air_s": air_resume_s(root, args.seq_len, last),
+                    "streaming_s": streaming(args.streaming_python, "resume", mds, last)["seconds"],
+                }
+            )
     resumes = [resume_times(root, args) for _ in range(args.rounds)]
 
     air_rate = median([r for r, _ in runs["air"]])
@@ -245,15 +226,23 @@ def main() -> None:
         f" AIR {air_resume * 1000:.1f} ms to the first sample; iterate-to-skip"
         f" {skip:,.0f} s (extrapolated from {args.skip_probe:,} samples)"
     )
-    if streaming_note:
-        print(f"\n{streaming_note}")
+    if streaming_resumes:
+        air_last = median([r["air_s"] for r in streaming_resumes])
+        streaming_last = median([r["streaming_s"] for r in streaming_resumes])
+        print(
+            f"resume at position {last:,} (seq {args.seq_len}): AIR {air_last * 1000:.1f} ms,"
+            f" Streaming {streaming_last * 1000:.1f} ms to the first sample"
+            f" ({streaming_last / air_last:.1f}x AIR's)"
+        )
+    print(f"\n{streaming_note}")
     write_result(
         "data",
         {
             "args": {k: str(v) for k, v in vars(args).items()},
             "runs": runs,
             "resumes": resumes,
-            "streaming": streaming_note or "measured",
+            "streaming": streaming_note,
+            "streaming_resumes": streaming_resumes,
         },
     )
     if args.dir is None:

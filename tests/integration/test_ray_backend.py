@@ -10,6 +10,7 @@ checkpoint; cancel leaves no actor or placement group behind.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -251,6 +252,87 @@ def test_a_survivor_checkpoints_the_step_a_peer_died_in(world, src):
     assert second.resumed_from_step == 26  # not 20, the last periodic checkpoint
     found = job.checkpoints().commits
     assert [(c.attempt, c.step) for c in found if c.at_failure] == [(1, 26)]
+    wait_for(lambda: nothing_left(world, job.id), 30, "actors and placement group gone")
+
+
+DATA_TRAIN = """
+import json, os, signal, sys
+import torch
+import torch.distributed as dist
+import air_sdk.runtime as air
+
+root, out, die_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ctx = air.init(timeout_s=60)
+data = air.data.ShardedDataset(root, seq_len=8, seed=11, shuffle_block=16)
+stream = air.data.loader(data, 4, num_workers=1)
+model = torch.nn.Linear(9, 1)
+state = {"model": model, "data": stream}
+step = air.checkpoint.load(state) or 0
+fresh = step == 0
+with open(os.path.join(out, f"a{ctx.attempt}-rank{ctx.rank}.jsonl"), "a") as log:
+    for batch in stream:  # epoch 0: 60 samples, 30 per rank
+        step += 1
+        if fresh and ctx.rank == 1 and step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        ids = [int(sample[0]) for sample in batch]
+        log.write(json.dumps({"step": step, "ids": ids}) + "\\n")
+        log.flush()
+        dist.all_reduce(torch.zeros(1))  # the ranks step together, as training does
+        air.log(step=step, loss=1.0)
+        if step % 2 == 0:
+            air.checkpoint.save(state, step=step, block=True)
+air.checkpoint.wait()
+del model, state
+air.shutdown()
+"""
+
+
+def test_a_sharded_dataset_resumes_on_ray_at_the_checkpointed_sample(world, tmp_path):
+    """Two ranks on two Ray nodes read a ShardedDataset; rank 1 is SIGKILLed as step 5
+    starts; the restart resumes from step 4's checkpoint. The samples received up to
+    step 4 plus those of the restart are the uninterrupted run's order, none twice."""
+    from shard_files import SEQ_LEN, token_ids, token_shards
+
+    from air_sdk.runtime.data import ShardedDataset, write_index
+
+    shared = world.storage / f"data-{tmp_path.name}"  # every Ray node sees it
+    root, out, src = token_shards(shared / "shards"), shared / "out", tmp_path / "src"
+    write_index(root)
+    out.mkdir()
+    src.mkdir()
+    (src / "train.py").write_text(DATA_TRAIN)
+    kw = {"seq_len": SEQ_LEN, "seed": 11, "shuffle_block": 16, "dp_rank": 0, "dp_size": 1}
+    order = [token_ids(s) for s in ShardedDataset(root, **kw)]
+    job = world.client.submit(
+        JobSpec(
+            entrypoint="train.py",
+            args=[str(root), str(out), "5"],
+            resources=Resources(nodes=2),
+            max_restarts=1,
+            failure={"backoff_base_s": 0.2, "backoff_max_s": 0.5},
+        ),
+        workdir=src,
+    )
+    record = job.wait(timeout=300)
+    assert record.state is JobState.SUCCEEDED, (record.state_reason, job.logs()[-20:])
+    first, second = job.attempts()[:2]
+    assert first.failure.kind == "crash" and first.failure.rank == 1
+    assert second.resumed_from_step == 4
+
+    def taken(attempt: int, rank: int, up_to: int) -> list[int]:
+        lines = (out / f"a{attempt}-rank{rank}.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        return [i for r in records if r["step"] <= up_to for i in r["ids"]]
+
+    union: dict[int, int] = {}  # global position -> sample id
+    for attempt, start, up_to in ((first.attempt, 0, 4), (second.attempt, 4 * 4 * 2, 99)):
+        for rank in (0, 1):
+            for j, sample in enumerate(taken(attempt, rank, up_to)):
+                position = start + rank + 2 * j
+                assert position not in union, f"position {position} read twice"
+                union[position] = sample
+    assert sorted(union) == list(range(len(order)))  # the whole epoch, no gap
+    assert [union[p] for p in sorted(union)] == order  # in the uninterrupted order
     wait_for(lambda: nothing_left(world, job.id), 30, "actors and placement group gone")
 
 

@@ -95,3 +95,43 @@ class GlobalOrder:
         j = self.permuted(i)
         k = int(np.searchsorted(self._ends, j, side="right"))
         return int(self._shards[k]), j - int(self._begins[k])
+
+    def shards_after(self, position: int, *, stride: int = 1, limit: int) -> list[int]:
+        """The first `limit` different shards read from global `position` on, taking
+        every `stride`-th position (a data-parallel rank's share), in the order they are
+        first read: what to prefetch.
+
+        Exact within `position`'s block (its permutation is the one being read, so it
+        is cached); later blocks contribute the shards their stretch of the
+        shard-shuffled sequence covers, in sequence order, without computing their
+        permutations (all of a block's shards are needed while it is read).
+
+        Example:
+            >>> order = GlobalOrder([3, 2, 4], seed=0, epoch=0, shuffle=False, block=4)
+            >>> order.shards_after(2, limit=2), order.shards_after(3, limit=5)
+            ([0, 1], [1, 2])
+        """
+        if limit < 1 or stride < 1:
+            raise ValueError(f"limit and stride must be >= 1, got {limit} and {stride}")
+        if position < 0:
+            raise IndexError(f"position {position} is negative")
+        if position >= self.num_samples:
+            return []
+        found: list[int] = []
+        begin = position
+        if self.shuffle:
+            number, offset = divmod(position, self.block)
+            start = number * self.block
+            permutation = self._block(number)
+            reads = start + permutation[offset::stride]
+            ks = np.searchsorted(self._ends, reads, side="right")
+            _, first = np.unique(ks, return_index=True)
+            found = [int(self._shards[k]) for k in ks[np.sort(first)][:limit]]
+            begin = start + len(permutation)
+        k = int(np.searchsorted(self._ends, begin, side="right"))
+        while len(found) < limit and k < len(self._shards):
+            shard = int(self._shards[k])
+            if self._ends[k] > self._begins[k] and shard not in found:
+                found.append(shard)
+            k += 1
+        return found

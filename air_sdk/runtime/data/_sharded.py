@@ -49,13 +49,18 @@ from air_sdk.runtime.data._index import (
 )
 from air_sdk.runtime.data._loader import _world
 from air_sdk.runtime.data._order import DEFAULT_BLOCK, GlobalOrder
+from air_sdk.runtime.data.cache import format_size
 from air_sdk.runtime.data.storage import ShardStore
 
-__all__ = ["STATE_VERSION", "ShardedDataset"]
+__all__ = ["DEFAULT_PREFETCH_SHARDS", "STATE_VERSION", "ShardedDataset"]
 
 STATE_VERSION = 1
 _NOT_READ = 2**62  # an agreement value above any real one: this rank did not read
 _ORDER_KEYS = ("seed", "shuffle", "shuffle_block", "num_samples", "format", "seq_len")
+#: remote shards downloaded ahead of the reader unless told (fewer when the cache budget
+#: cannot hold them beside the shard being read)
+DEFAULT_PREFETCH_SHARDS = 2
+_PREFETCH_THREADS = 2  # downloads at once per process (the store's threads)
 
 
 class ShardedDataset(IterableDataset[Any]):
@@ -67,6 +72,11 @@ class ShardedDataset(IterableDataset[Any]):
     inputs and shifted targets). `decode(raw) -> sample` replaces the format's default
     decoder (see `_formats`). `shuffle_block`: samples shuffled together after the
     shards are shuffled (`_order`). `dp_rank` / `dp_size` default to `air.layout()`'s.
+    Remote shards: `cache_dir`, `cache_budget_bytes`, `storage_options` (`ShardStore`);
+    while a shard is read, the next `prefetch_shards` of this rank's share of the order
+    download in the background (default 2, fewer when the budget cannot hold them
+    beside the shard read; more than it can hold is refused). With a budget, at most
+    as many shards as it holds beside the prefetched ones are kept open.
 
     Iterate it directly or in a `DataLoader` without workers; with workers use
     `air.data.loader(...)`, which counts the batches the loop received.
@@ -100,8 +110,13 @@ class ShardedDataset(IterableDataset[Any]):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_budget_bytes: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        prefetch_shards: int | None = None,
     ) -> None:
         super().__init__()
+        if int(max_open_shards) < 1:
+            raise ValueError(f"max_open_shards must be >= 1, got {max_open_shards}")
+        if prefetch_shards is not None and int(prefetch_shards) < 0:
+            raise ValueError(f"prefetch_shards must be >= 0, got {prefetch_shards}")
         # Shards are found through a ShardStore: a local directory's files in place, a
         # remote URL's (s3://, gs://, http(s)://, memory://) downloaded into a node-local
         # cache within `cache_budget_bytes`, sha256-checked against the index.
@@ -110,6 +125,10 @@ class ShardedDataset(IterableDataset[Any]):
             cache_dir=cache_dir,
             cache_budget_bytes=cache_budget_bytes,
             storage_options=storage_options,
+            prefetch=min(
+                _PREFETCH_THREADS,
+                DEFAULT_PREFETCH_SHARDS if prefetch_shards is None else int(prefetch_shards),
+            ),
         )
         self.root: Path | str
         if self._store.local_root is not None:
@@ -149,6 +168,9 @@ class ShardedDataset(IterableDataset[Any]):
                 + (" or shorten seq_len" if seq_len else "")
             )
         self.max_open_shards = max_open_shards
+        self.prefetch_shards, self._open_cap = _shards_ahead(
+            self._store, self.index, prefetch_shards, max_open_shards
+        )
         self.epoch = 0
         self._start = 0  # the global position this rank's current pass started at
         self._consumed = 0  # samples this rank consumed since `_start`
@@ -216,6 +238,35 @@ class ShardedDataset(IterableDataset[Any]):
         self.num_reads += 1
         return self.decode(self._reader(shard).read(k))
 
+    def _read(self, position: int, epoch: int) -> Any:
+        """`sample()` while iterating: opening a shard also starts downloading the next
+        `prefetch_shards` of this rank's share of the order."""
+        order = self.order(epoch)
+        shard, k = order.locate(position)
+        self.num_reads += 1
+        if shard not in self._readers and self.prefetch_shards:
+            self._close_readers_over(self._open_cap - 1)  # their room goes to the prefetch
+            self._prefetch_after(order, position, shard)
+        return self.decode(self._reader(shard).read(k))
+
+    def _prefetch_after(self, order: GlobalOrder, position: int, shard: int) -> None:
+        # Asked before the shard read now is pinned, so its download and theirs overlap.
+        # Shards held open are cached already; a shard read after them is skipped by the
+        # store when it is cached or on its way.
+        held = {shard, *self._readers}
+        wanted = order.shards_after(
+            position, stride=self.dp_size, limit=self.prefetch_shards + len(held)
+        )
+        ahead = [s for s in wanted if s not in held][: self.prefetch_shards]
+        if not ahead:
+            return
+        entries = [self.index.shards[s] for s in ahead]
+        self._store.prefetch(
+            [e.name for e in entries],
+            checksums={e.name: e.sha256 for e in entries if e.sha256},
+            sizes={e.name: e.bytes for e in entries},
+        )
+
     # ---- shards -------------------------------------------------------------------------
 
     def _pinned_shard(self, entry: ShardEntry) -> AbstractContextManager[Path]:
@@ -228,6 +279,7 @@ class ShardedDataset(IterableDataset[Any]):
         if found is not None:
             self._readers.move_to_end(shard)
             return found[0]
+        self._close_readers_over(self._open_cap - 1)  # before pinning one more: the budget
         entry = self.index.shards[shard]
         stack = ExitStack()
         path = stack.enter_context(self._pinned_shard(entry))
@@ -240,16 +292,19 @@ class ShardedDataset(IterableDataset[Any]):
         stack.callback(reader.close)
         self.num_shard_opens += 1
         self._readers[shard] = (reader, stack)
-        while len(self._readers) > self.max_open_shards:
-            _, (_, old) = self._readers.popitem(last=False)
-            old.close()
         return reader
 
+    def _close_readers_over(self, count: int) -> None:
+        """Close the least recently used readers until `count` are open."""
+        while len(self._readers) > count:
+            _, (_, old) = self._readers.popitem(last=False)
+            old.close()
+
     def close(self) -> None:
-        """Close the shards this process holds open (reading opens them again)."""
-        while self._readers:
-            _, (_, stack) = self._readers.popitem(last=False)
-            stack.close()
+        """Close the shards this process holds open and wait for its prefetches (reading
+        opens them again)."""
+        self._close_readers_over(0)
+        self._store.close()
 
     # ---- iteration ----------------------------------------------------------------------
 
@@ -283,13 +338,14 @@ class ShardedDataset(IterableDataset[Any]):
                     " the samples among workers in batch order and counts what the loop consumed"
                 )
             positions = self._positions(self.position, info.id, info.num_workers, self._batch_size)
+            epoch = self.epoch
             for position in positions:
-                yield self.sample(position)
+                yield self._read(position, epoch)
             return
         epoch = self.epoch
         start = self._begin()
         for j, position in enumerate(self._positions(start, 0, 1, 1)):
-            sample = self.sample(position, epoch)
+            sample = self._read(position, epoch)
             self._consumed = j + 1
             yield sample
         if self.epoch == epoch:
@@ -386,6 +442,32 @@ class ShardedDataset(IterableDataset[Any]):
             f" shards={len(self.counts)}, epoch={self.epoch}, position={self.position},"
             f" dp_rank={self.dp_rank}, dp_size={self.dp_size})"
         )
+
+
+def _shards_ahead(
+    store: ShardStore, index: DataIndex, asked: int | None, max_open_shards: int
+) -> tuple[int, int]:
+    """(shards to prefetch, shards to hold open) within the cache budget, counted in
+    shards of the largest size: the shards held open are pinned (never evicted), and
+    each prefetched shard needs room beside them."""
+    cache = store.cache
+    if cache is None:  # a local directory: read in place, nothing to fetch
+        return 0, max_open_shards
+    ahead = DEFAULT_PREFETCH_SHARDS if asked is None else int(asked)
+    budget = cache.budget_bytes
+    largest = max((entry.bytes for entry in index.shards), default=0)
+    if budget is None or largest == 0:
+        return ahead, max_open_shards
+    slots = budget // largest  # 0: the first pin refuses the shard, saying what to raise
+    if asked is not None and ahead > max(slots - 1, 0):
+        raise ConfigError(
+            f"prefetch_shards={ahead} needs room for {ahead + 1} shards (the one read and"
+            f" {ahead} ahead) of up to {format_size(largest)}; cache_budget_bytes={budget}"
+            f" holds {slots}: lower prefetch_shards to {max(slots - 1, 0)} or raise"
+            f" cache_budget_bytes to {(ahead + 1) * largest}"
+        )
+    ahead = max(min(ahead, slots - 1), 0)
+    return ahead, max(min(max_open_shards, slots - ahead), 1)
 
 
 def _store_url(url_or_dir: str | os.PathLike[str]) -> str:

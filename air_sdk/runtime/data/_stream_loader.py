@@ -65,6 +65,10 @@ class StreamLoader:
         dataset = self.dataset
         epoch = dataset.epoch
         start = dataset._begin()  # before the workers get their copy of the dataset
+        if self.loader.num_workers > 0:
+            # The workers fork when iteration starts: no prefetch thread of this process
+            # may hold a lock then (a forked copy of a held lock is never released).
+            dataset._store.close()
         count = dataset.samples_per_rank(start)
         # timed(): the loop's wait on each batch and the samples it got are the job's
         # data-loading metrics (samples/s, data wait; docs/data.md)

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -212,11 +213,22 @@ class ShardStore:
     def _acquire(self, name: str, sha256: str | None, size: int | None, lock: Any) -> bool:
         """Leave `lock` held shared with the shard in place; True when it was there."""
         assert self._cache is not None
-        if lock.try_shared() and self._cache.contains(name, sha256, size):
+        with self._lock:
+            self._forget_threads_after_fork()
+            prefetch = self._inflight.pop(name, None)
+        if prefetch is not None and prefetch.done():
+            _raise_corrupt(prefetch)
+            prefetch = None
+        if prefetch is None and lock.try_shared() and self._cache.contains(name, sha256, size):
             return True  # the fast path: no wait to record
         started = time.monotonic()
         try:
             with recorder().waiting(shard=name):
+                if prefetch is not None:
+                    # Its download is queued or under way: wait for it rather than fetch
+                    # the shard a second time (flock would make us wait anyway).
+                    futures.wait([prefetch])
+                    _raise_corrupt(prefetch)
                 return self._acquire_slowly(name, sha256, size, lock)
         finally:
             with self._lock:
@@ -257,8 +269,7 @@ class ShardStore:
             return []
         started: list[Future[None]] = []
         with self._lock:
-            if self._pid != os.getpid():  # a forked DataLoader worker: the threads stayed behind
-                self._pool, self._inflight, self._pid = None, {}, os.getpid()
+            self._forget_threads_after_fork()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     self.num_prefetch_workers, thread_name_prefix="air-prefetch"
@@ -273,6 +284,12 @@ class ShardStore:
                 self._inflight[name] = future
                 started.append(future)
         return started
+
+    def _forget_threads_after_fork(self) -> None:
+        # A forked DataLoader worker: the parent's threads and their downloads stayed
+        # behind, and their futures would never finish here. (Caller holds _lock.)
+        if self._pid != os.getpid():
+            self._pool, self._inflight, self._pid = None, {}, os.getpid()
 
     def _prefetch_one(self, name: str, sha256: str | None, size: int | None) -> None:
         assert self._cache is not None
@@ -394,6 +411,17 @@ class ShardStore:
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _raise_corrupt(prefetch: Future[None]) -> None:
+    """Raise a finished prefetch's checksum error: the shard is corrupt where it lives,
+    and fetching it again would say the same. Other failures (a dropped connection) are
+    left to the pin, which downloads the shard itself and raises its own error."""
+    if prefetch.cancelled():
+        return
+    error = prefetch.exception()
+    if isinstance(error, ShardChecksumError):
+        raise error
 
 
 def _check_sum(name: str, url: str, expected: str, actual: str) -> None:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import http.server
 import multiprocessing
 import threading
-import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 
 import fsspec
 import pytest
+from shard_http import ShardFiles, serve_files
 
 from air_sdk.errors import DataError, ShardChecksumError
 from air_sdk.runtime.data import ShardStore
@@ -223,48 +221,12 @@ def test_a_local_directory_is_read_in_place(tmp_path):
 # -- a real HTTP server -------------------------------------------------------------------
 
 
-class _Shards(http.server.BaseHTTPRequestHandler):
-    files: dict[str, bytes] = {}
-    gets: Counter[str] = Counter()
-    delay_s = 0.0
-
-    def _send_head(self) -> bytes | None:
-        data = self.files.get(self.path.lstrip("/"))
-        if data is None:
-            self.send_error(404)
-            return None
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        return data
-
-    def do_HEAD(self) -> None:  # noqa: N802 (http.server's names)
-        self._send_head()
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.gets[self.path.lstrip("/")] += 1
-        time.sleep(self.delay_s)  # widens the window in which other pins ask too
-        data = self._send_head()
-        if data is not None:
-            self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def http_server() -> Iterator[tuple[str, type[_Shards]]]:
+def http_server() -> Iterator[tuple[str, type[ShardFiles]]]:
     """A real HTTP server on 127.0.0.1 serving SHARDS; its handler class counts GETs."""
     pytest.importorskip("aiohttp")  # fsspec's HTTPFileSystem
-    handler = type("Handler", (_Shards,), {"files": dict(SHARDS), "gets": Counter()})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_files(SHARDS) as served:
+        yield served
 
 
 def test_shards_over_http_are_cached_and_evicted(http_server, tmp_path):
