@@ -83,12 +83,14 @@ def test_cache_hits_counted_in_workers_reach_the_training_process(remote, tmp_pa
     )  # fmt: skip
     before = recorder().totals()
     stream = loader(data, 4, num_workers=1, collate_fn=list)
-    first = [made for batch in stream for made in batch]  # epoch 0: every shard downloaded
+    first = [made for batch in stream for made in batch]  # epoch 0: downloads, prefetches
     second = [made for batch in stream for made in batch]  # epoch 1: new workers, cached
     after = recorder().totals()
     shards = len(data.index.shards)
-    assert after["num_cache_misses"] - before["num_cache_misses"] == shards
-    assert after["num_cache_hits"] - before["num_cache_hits"] == shards
+    misses = after["num_cache_misses"] - before["num_cache_misses"]
+    hits = after["num_cache_hits"] - before["num_cache_hits"]
+    assert hits + misses == 2 * shards  # every shard pinned once an epoch, all counted
+    assert misses >= 1 and hits >= shards  # epoch 0's first shard; epoch 1 all cached
     assert len(first) == len(second) == data.num_samples and not any(first + second)
 
 
