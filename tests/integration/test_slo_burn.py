@@ -177,7 +177,10 @@ def test_a_burned_queue_wait_budget_is_an_event_and_shows_everywhere(slo_gateway
     # The gateway restarts (killed: nothing said goodbye).
     os.kill(gw.pid, signal.SIGKILL)
     wait_for(lambda: running_gateway(opts.home) is None, 15, "the gateway to be gone")
-    gw2 = start_detached(opts)
+    # On a fresh port: the old one is in the ephemeral range (free_port), where a client
+    # still retrying the dead gateway may connect to itself and hold it (CI once saw
+    # "port ... is taken by another process" here); the default 8470 is below that range.
+    gw2 = start_detached(opts.model_copy(update={"port": free_port()}))
     client2 = Client(gw2.url, gw2.token)
     (tmp_path / "src" / "quick.py").write_text(QUICK)
     quick = JobSpec(entrypoint="quick.py")
@@ -191,6 +194,7 @@ def test_a_burned_queue_wait_budget_is_an_event_and_shows_everywhere(slo_gateway
     (recovery,) = slo_events(healed)
     assert (recovery.slo, recovery.burning) == ("fast-start", False)
     assert recovery.budget_left == pytest.approx(0.6)
-    announced = [b for b in slo_events(holder, waiter, hang, still, healed) if b.burning]
+    before = [client2.job(job.id) for job in (holder, waiter, hang)]
+    announced = [b for b in slo_events(*before, still, healed) if b.burning]
     assert sorted(b.slo for b in announced) == ["fast-detect", "fast-start"]  # once each
     assert not client2.slo().slos[0].burning
