@@ -177,9 +177,10 @@ def test_a_burned_queue_wait_budget_is_an_event_and_shows_everywhere(slo_gateway
     # The gateway restarts (killed: nothing said goodbye).
     os.kill(gw.pid, signal.SIGKILL)
     wait_for(lambda: running_gateway(opts.home) is None, 15, "the gateway to be gone")
-    # On a fresh port: the old one is in the ephemeral range (free_port), where a client
-    # still retrying the dead gateway may connect to itself and hold it (CI once saw
-    # "port ... is taken by another process" here); the default 8470 is below that range.
+    # On a fresh port: the old one (from free_port) is in the ephemeral range and free
+    # from the kill to the restart, so any socket the machine opens meanwhile may get it
+    # (CI once saw "port ... is taken by another process" here, held by no listener);
+    # a real gateway's default port, 8470, is below that range.
     gw2 = start_detached(opts.model_copy(update={"port": free_port()}))
     client2 = Client(gw2.url, gw2.token)
     (tmp_path / "src" / "quick.py").write_text(QUICK)
