@@ -297,6 +297,10 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "report body: msgpack decode, columns check, metrics JSON",
         ("report_body.py", "columns.py"),
     ),
+    (
+        "report writer: queue, savepoints, group COMMIT",
+        ("report_writer.py", "Database.batch", "Database._savepoint"),
+    ),
     ("report service: scrub, payloads (ingest_report)", ("ingest_report",)),
     ("pydantic: model_dump_json of points/lines", ("BaseModel.model_dump_json",)),
     (

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp
 
 import air_sdk
 from air_sdk.export.service import ExportService
@@ -25,6 +26,7 @@ from air_sdk.gateway.metrics import GatewayMetrics
 from air_sdk.gateway.options import SecurityOptions
 from air_sdk.gateway.report_shortcut import ReportShortcut
 from air_sdk.gateway.security import install
+from air_sdk.gateway.services.report_writer import ReportWriter
 from air_sdk.gateway.translate import install_translator
 from air_sdk.runner import Runner
 from air_sdk.schema import ErrorBody
@@ -68,6 +70,9 @@ class GatewayContext:
     metrics: GatewayMetrics | None = None
     #: /metrics answers a loopback peer without a token (`air_sdk.gateway.scrape`)
     metrics_from_loopback: bool = False
+    #: ingests worker reports in group commits (`air_sdk.gateway.services.report_writer`);
+    #: made by `create_app`
+    reports: ReportWriter | None = None
 
     @property
     def bundles_dir(self) -> Path:
@@ -151,9 +156,19 @@ AdminDep = Annotated[Principal, Depends(require_admin)]
 SystemAdminDep = Annotated[Principal, Depends(require_system_admin)]
 
 
+class GatewayApp(FastAPI):
+    """FastAPI with the worker report route in front of its middleware stack
+    (`air_sdk.gateway.report_shortcut`): the same guards, called directly."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        from air_sdk.gateway.routes import ingest_worker_report
+
+        return ReportShortcut.around(super().build_middleware_stack(), ingest_worker_report)
+
+
 def create_app(
     ctx: GatewayContext, *, start_runner: bool = True, security: SecurityOptions | None = None
-) -> FastAPI:
+) -> GatewayApp:
     """The gateway app over `ctx`; the runner starts and stops with the app.
 
     `security` sets the Host allow-list, CORS origins, body caps and rate limits
@@ -168,6 +183,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # reports commit on the loop: their commits must not stall on a WAL checkpoint
+        stop_checkpoints = ctx.store.checkpoint_in_background()
         if start_runner:
             ctx.runner.start()
             if ctx.exports is not None:
@@ -175,12 +192,15 @@ def create_app(
         try:
             yield
         finally:
+            if ctx.reports is not None:
+                ctx.reports.stop()
+            stop_checkpoints()
             if start_runner:
                 if ctx.exports is not None:
                     ctx.exports.stop()
                 ctx.runner.stop()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="AIR gateway",
         version=air_sdk.__version__,
         lifespan=lifespan,
@@ -192,6 +212,8 @@ def create_app(
     if ctx.metrics is None:
         ctx.metrics = GatewayMetrics()
         ctx.metrics.attach(ctx)
+    if ctx.reports is None:
+        ctx.reports = ReportWriter(ctx)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -209,8 +231,6 @@ def create_app(
     app.include_router(ui.api_router)
     app.state.ui = UiRenderer(ctx.store)
     app.include_router(scrape.router)
-    # innermost: reports pass every guard below, then skip FastAPI's routing
-    app.add_middleware(ReportShortcut, endpoint=routes.worker_report)
     install(app, security or SecurityOptions(), token_exists=ctx.store.token_exists)
     app.state.streams = OpenStreams.from_limits((security or SecurityOptions()).limits)
 

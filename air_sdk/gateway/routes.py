@@ -5,7 +5,6 @@ becomes the answer's status in one place (`air_sdk.gateway.translate`)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -13,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.types import Scope
 
 import air_sdk
 from air_sdk.errors import AuthError, NotFoundError
@@ -23,11 +23,9 @@ from air_sdk.gateway.app import (
     Principal,
     PrincipalDep,
     bearer_token,
-    get_ctx,
 )
 from air_sdk.gateway.bodies import json_body
 from air_sdk.gateway.services.bundles import checked_sha256, store_bundle
-from air_sdk.gateway.services.reports import ingest_report
 from air_sdk.gateway.services.submit import check_idempotency_key, submit_job
 from air_sdk.gateway.streams import StreamSlot, job_event_stream
 from air_sdk.gateway.tenancy import cluster_view
@@ -327,17 +325,30 @@ def cluster(ctx: CtxDep, principal: PrincipalDep) -> Inventory:
 async def worker_report(job_id: str, attempt: int, request: Request) -> Response:
     """Batched metrics, log lines, heartbeats and exits from one rank, authenticated by
     the attempt's worker token; posts of an older attempt are fenced off (409). The body
-    is JSON or msgpack, as its Content-Type says (415 for anything else)."""
-    ctx = get_ctx(request)
-    token = bearer_token(request)
+    is JSON or msgpack, as its Content-Type says (415 for anything else). Served in
+    front of the middleware stack (`air_sdk.gateway.report_shortcut`), here only when
+    that is off (CORS configured)."""
+    body = await request.body()
+    content_type = request.headers.get("content-type")
+    await ingest_worker_report(
+        request.scope, job_id, attempt, bearer_token(request), body, content_type
+    )
+    return Response(status_code=204)
+
+
+async def ingest_worker_report(
+    scope: Scope,
+    job_id: str,
+    attempt: int,
+    token: str | None,
+    body: bytes,
+    content_type: str | None,
+) -> None:
+    """The report route's own work, for the route and for `ReportShortcut`: a 401 without
+    a worker token, then the report ingested by the gateway's `ReportWriter` (answered
+    once committed)."""
     if token is None or not is_valid(JOB_ID, job_id):
         raise AuthError(401, "a worker report needs the attempt's AIR_JOB_TOKEN")
-    body = await request.body()
-    # One hop to a worker thread for the whole report: the profile of this route had
-    # two hand-offs per report as its largest single cost (23%). The loop's own executor,
-    # not anyio's `run_in_threadpool`: its cancel scope and limiter per call were a
-    # fifth of the route's GIL time once the body was cheap (docs/benchmarks.md).
-    content_type = request.headers.get("content-type")
-    work = functools.partial(ingest_report, ctx, job_id, attempt, token, body, content_type)
-    await asyncio.get_running_loop().run_in_executor(None, work)
-    return Response(status_code=204)
+    ctx: GatewayContext = scope["app"].state.air
+    assert ctx.reports is not None, "create_app makes the report writer"
+    await ctx.reports.ingest(job_id, attempt, token, body, content_type)

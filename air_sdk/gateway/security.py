@@ -30,6 +30,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -96,6 +97,13 @@ def _host_name(header: str) -> str | None:
     return name
 
 
+#: the answer to a request whose Host header does not name the gateway
+HOST_REFUSAL = (
+    "the Host header does not name this gateway (a defence against DNS rebinding):"
+    " use its address, or start it with --allow-host NAME"
+)
+
+
 class HostCheckMiddleware:
     """400 unless the Host header names this gateway: a web page on another origin that
     re-points its DNS name at 127.0.0.1 (DNS rebinding) still sends its own name."""
@@ -106,20 +114,18 @@ class HostCheckMiddleware:
         self.suffixes = tuple(h[1:] for h in allowed_hosts if h.startswith("*."))
         self.any = "*" in allowed_hosts
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.any:
-            await self.app(scope, receive, send)
-            return
+    def allows(self, scope: Scope) -> bool:
+        """Whether the request's Host header names this gateway."""
+        if self.any:
+            return True
         name = _host_name(_header(scope, b"host") or "")
-        if name is not None and (name in self.exact or name.endswith(self.suffixes or ("\0",))):
+        return name is not None and (name in self.exact or name.endswith(self.suffixes or ("\0",)))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.allows(scope):
             await self.app(scope, receive, send)
             return
-        await _send_json(
-            send,
-            400,
-            "the Host header does not name this gateway (a defence against DNS rebinding):"
-            " use its address, or start it with --allow-host NAME",
-        )
+        await _send_json(send, 400, HOST_REFUSAL)
 
 
 class RateLimiter:
@@ -229,10 +235,8 @@ class RateLimitMiddleware:
         self._known: OrderedDict[bytes, None] = OrderedDict()
         self._max_known = max_known_tokens
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def admit(self, scope: Scope) -> Admission:
+        """This request's verdict, its token taken from its bucket when it may go."""
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""
@@ -240,10 +244,8 @@ class RateLimitMiddleware:
         if not token:
             wait = self.anonymous.acquire(address) if self.anonymous else 0.0
             if wait > 0.0:
-                await self._refuse(send, wait, "client address", self.anonymous)
-                return
-            await self.app(scope, receive, send)
-            return
+                return self._refusal(wait, "client address", self.anonymous)
+            return Admission()
         digest = hashlib.sha256(token.encode()).digest()
         known = digest in self._known
         if known:
@@ -252,49 +254,85 @@ class RateLimitMiddleware:
             # A token not seen to work yet: its address must have room for one more failure.
             wait = self.anonymous.check(address)
             if wait > 0.0 and not (self._token_exists and self._token_exists(token)):
-                await self._refuse(
-                    send, wait, "client address (failed authentications)", self.anonymous
+                return self._refusal(
+                    wait, "client address (failed authentications)", self.anonymous
                 )
-                return
         is_report = scope["method"] == "POST" and REPORT_PATH.fullmatch(scope["path"])
         limiter = self.workers if is_report else self.users
         wait = limiter.acquire(digest) if limiter else 0.0
         if wait > 0.0:
-            await self._refuse(send, wait, "token", limiter)
-            return
-        await self._run_and_learn(scope, receive, send, digest, None if known else address)
+            return self._refusal(wait, "token", limiter)
+        return Admission(digest=digest, address=None if known else address)
 
-    async def _run_and_learn(
-        self, scope: Scope, receive: Receive, send: Send, digest: bytes, address: str | None
-    ) -> None:
-        """Run the request; a 401 charges `address` (when given) and forgets the token,
-        any other answer vouches for it."""
+    def learn(self, admission: Admission, status: int) -> None:
+        """What an admitted request's answer tells: a 401 charges its address (when the
+        token was not known) and forgets the token, any other answer vouches for it."""
+        digest = admission.digest
+        if digest is None:
+            return
+        if status == 401:
+            self._known.pop(digest, None)
+            if admission.address is not None and self.anonymous is not None:
+                self.anonymous.charge(admission.address)
+        else:
+            self._known[digest] = None
+            if len(self._known) > self._max_known:
+                self._known.popitem(last=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        admission = self.admit(scope)
+        if admission.refusal is not None:
+            await admission.refusal.send(send)
+            return
+        if admission.digest is None:
+            await self.app(scope, receive, send)
+            return
 
         async def watching_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                if message["status"] == 401:
-                    self._known.pop(digest, None)
-                    if address is not None and self.anonymous is not None:
-                        self.anonymous.charge(address)
-                else:
-                    self._known[digest] = None
-                    if len(self._known) > self._max_known:
-                        self._known.popitem(last=False)
+                self.learn(admission, message["status"])
             await send(message)
 
         await self.app(scope, receive, watching_send)
 
     @staticmethod
-    async def _refuse(send: Send, wait: float, who: str, limiter: RateLimiter | None) -> None:
+    def _refusal(wait: float, who: str, limiter: RateLimiter | None) -> Admission:
         assert limiter is not None
         retry_after = max(1, math.ceil(wait))
-        await _send_json(
-            send,
-            429,
-            f"too many requests from this {who}: at most {limiter.limit.per_s:g}/s in bursts"
-            f" of {limiter.limit.burst}; retry after {retry_after} s",
-            headers=[("Retry-After", str(retry_after))],
+        return Admission(
+            refusal=Refusal(
+                429,
+                f"too many requests from this {who}: at most {limiter.limit.per_s:g}/s in"
+                f" bursts of {limiter.limit.burst}; retry after {retry_after} s",
+                (("Retry-After", str(retry_after)),),
+            )
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An answer a guard gives instead of the route."""
+
+    status: int
+    detail: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+    async def send(self, send: Send) -> None:
+        await _send_json(send, self.status, self.detail, self.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """`RateLimitMiddleware.admit`'s verdict: a `refusal`, or leave to go on; `digest`
+    (the token's) and `address` (its client's, while the token is not known to work)
+    are what `learn` needs once the answer's status is known."""
+
+    refusal: Refusal | None = None
+    digest: bytes | None = None
+    address: str | None = None
 
 
 class BodyTooLarge(HTTPException):
@@ -313,20 +351,26 @@ class BodySizeMiddleware:
         self.app = app
         self.limits = limits
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def check(self, scope: Scope) -> tuple[int, str, Refusal | None]:
+        """(the route's cap, the 413's detail, a refusal from Content-Length or None)."""
         cap, advice = self.limits.body_cap(scope["method"], scope["path"])
         detail = f"the request body is over {_size(cap)}, the limit for this route: {advice}"
         length = _header(scope, b"content-length")
         if length is not None:
             if not length.strip().isdigit():
-                await _send_json(send, 400, "Content-Length is not a number")
-                return
+                return cap, detail, Refusal(400, "Content-Length is not a number")
             if int(length) > cap:
-                await _send_json(send, 413, detail)
-                return
+                return cap, detail, Refusal(413, detail)
+        return cap, detail, None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cap, detail, refusal = self.check(scope)
+        if refusal is not None:
+            await refusal.send(send)
+            return
         received = 0
         started = False
 

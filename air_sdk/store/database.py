@@ -21,7 +21,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,10 @@ from air_sdk.store.migrations import migrate
 
 __all__ = ["Database"]
 
+#: how long a statement waits for another process's write lock
+BUSY_TIMEOUT_MS = 30_000
+#: SQLite's own default: a commit that leaves more WAL pages than this checkpoints
+AUTOCHECKPOINT_PAGES = 1000
 #: what SQLite keeps beside a database in WAL mode (and the rollback journal)
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
@@ -45,6 +49,7 @@ class Database:
         self.path = str(path)
         self.memory = self.path == ":memory:"
         self._write_lock = threading.RLock()
+        self._savepoint_depth = 0  # names them; only the thread holding the lock counts
         self._local = threading.local()
         if not self.memory:
             _private_files(Path(self.path))
@@ -57,7 +62,7 @@ class Database:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
         _switch_to_wal(conn)
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.row_factory = sqlite3.Row
         return conn
@@ -74,8 +79,13 @@ class Database:
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A write transaction on the writer connection: committed when the block ends,
-        rolled back if it raises."""
+        rolled back if it raises. Inside a `batch()` of the same thread it is a
+        savepoint of the batch's transaction instead: a block that raises undoes only
+        its own writes, and nothing commits before the batch does."""
         with self._write_lock:
+            if self._writer.in_transaction:  # only this thread can be in it: we hold the lock
+                yield from self._savepoint()
+                return
             self._writer.execute("BEGIN IMMEDIATE")
             try:
                 yield self._writer
@@ -83,6 +93,127 @@ class Database:
                 self._writer.execute("ROLLBACK")
                 raise
             self._writer.execute("COMMIT")
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction around several `tx()` blocks (a group commit): each block is
+        a savepoint, so one that raises is undone alone; all commit together when the
+        batch ends, or none does if the batch itself raises. Other writers wait for the
+        batch, so keep it short.
+
+        Example:
+            >>> db = Database(":memory:")
+            >>> with db.batch():
+            ...     with db.tx() as c:
+            ...         _ = c.execute("INSERT INTO tenants VALUES ('a', 'a', 0)")
+            ...     try:
+            ...         with db.tx() as c:
+            ...             _ = c.execute("INSERT INTO tenants VALUES ('b', 'b', 0)")
+            ...             raise ValueError("undo b only")
+            ...     except ValueError:
+            ...         pass
+            >>> [r["id"] for r in db.read("SELECT id FROM tenants ORDER BY id")]
+            ['a', 'default']
+        """
+        with self.tx():
+            yield
+
+    @contextmanager
+    def batch_now(self) -> Iterator[bool]:
+        """A `batch()` if one can begin without waiting (yields True), else nothing at
+        all (yields False at once): another thread holds the writer, or another process
+        the file's write lock. For a caller on an event loop, which must never wait for
+        a lock; it hands its writes to a thread instead when this yields False.
+
+        Example:
+            >>> db = Database(":memory:")
+            >>> with db.batch_now() as began:
+            ...     if began:
+            ...         with db.tx() as c:
+            ...             _ = c.execute("INSERT INTO tenants VALUES ('a', 'a', 0)")
+            >>> began, len(db.read("SELECT id FROM tenants"))
+            (True, 2)
+        """
+        if not self._write_lock.acquire(blocking=False):
+            yield False
+            return
+        try:
+            began = False
+            if not self._writer.in_transaction:  # (this thread is not inside a batch)
+                self._writer.execute("PRAGMA busy_timeout=0")
+                try:
+                    self._writer.execute("BEGIN IMMEDIATE")
+                    began = True
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) and "busy" not in str(exc):
+                        raise
+                finally:
+                    self._writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            if not began:
+                yield False
+                return
+            try:
+                yield True
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            self._writer.execute("COMMIT")
+        finally:
+            self._write_lock.release()
+
+    def checkpoint_in_background(self, interval_s: float = 0.5) -> Callable[[], None]:
+        """Take WAL checkpoints off the writers: SQLite runs one inside the COMMIT that
+        passes 1,000 pages of log (milliseconds, with an fsync), so a writer on an event
+        loop would stall it. From now until the returned function is called, a thread
+        checkpoints every `interval_s` on its own connection (PASSIVE: it never blocks a
+        writer or a reader), and commits do none."""
+        if self.memory:
+            return lambda: None
+        stop = threading.Event()
+
+        def run() -> None:
+            conn = self._connect()
+            try:
+                while not stop.wait(interval_s):
+                    try:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    except sqlite3.OperationalError:  # busy now: the next round
+                        continue
+            finally:
+                conn.close()
+
+        with self._write_lock:
+            self._writer.execute("PRAGMA wal_autocheckpoint=0")
+        thread = threading.Thread(target=run, name="air-wal-checkpoint", daemon=True)
+        thread.start()
+
+        def stop_checkpoints() -> None:
+            stop.set()
+            thread.join(10)
+            with self._write_lock:
+                try:
+                    self._writer.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+                except sqlite3.ProgrammingError:  # closed already
+                    pass
+
+        return stop_checkpoints
+
+    def _savepoint(self) -> Iterator[sqlite3.Connection]:
+        # Named by depth, so the same few statements are prepared once and cached (a
+        # fresh name per savepoint would push the hot statements out of the cache).
+        self._savepoint_depth += 1
+        name = f"air_{self._savepoint_depth}"
+        try:
+            self._writer.execute(f"SAVEPOINT {name}")
+            try:
+                yield self._writer
+            except BaseException:
+                self._writer.execute(f"ROLLBACK TO {name}")
+                self._writer.execute(f"RELEASE {name}")
+                raise
+            self._writer.execute(f"RELEASE {name}")
+        finally:
+            self._savepoint_depth -= 1
 
     def read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         """The rows of one query, on this thread's reader."""

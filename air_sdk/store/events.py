@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from typing import Any
 
 from air_sdk.redact import Redactor, secret_values
 from air_sdk.schema import Event, EventPayload, EventType, FailureInfo
-from air_sdk.schema.columns import SerializedMetrics
+from air_sdk.schema.columns import COLUMNS_KEY, SerializedMetrics, points_form
 from air_sdk.schema.events import event_type_of
 from air_sdk.schema.numbers import json_data, loads_data
 from air_sdk.store.database import Database
@@ -238,7 +239,7 @@ class EventLog:
                 type=EventType(r["type"]),
                 attempt=r["attempt"],
                 rank=r["rank"],
-                data=loads_data(r["data"]),
+                data=_data(r["type"], r["data"]),
             )
             for r in self._db.read(sql, tuple(args))
         ]
@@ -272,3 +273,10 @@ class EventLog:
             (job_id, attempt),
         )
         return {r["rank"]: r["active_ts"] for r in rows}
+
+
+def _data(etype: str, text: str) -> dict[str, Any]:
+    """A stored event's data as readers take it: a `metrics` event stored from a binary
+    report's columns read as the points a `MetricsBatch` writes (`points_form`)."""
+    data = loads_data(text)
+    return points_form(data) if etype == "metrics" and COLUMNS_KEY in data else data

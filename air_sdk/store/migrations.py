@@ -145,6 +145,12 @@ def _slo_burning(c: sqlite3.Connection) -> None:
     )
 
 
+def _columnar_metrics(c: sqlite3.Connection) -> None:
+    """No change of schema: from this version a `metrics` event may hold its points as
+    columns (`air_sdk.schema.columns`), which an older AIR would fail to read, so the
+    version number makes it refuse the database instead."""
+
+
 #: every migration, oldest first: the database's version is how many it has had
 MIGRATIONS: tuple[Migration, ...] = (
     _first_tables,
@@ -155,6 +161,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _rank_activity,
     _rank_finished,
     _slo_burning,
+    _columnar_metrics,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -64,6 +64,11 @@ class SqliteStore:
         stats = StatsQueries(db)
         slo_burns = SloBurnStore(db)
 
+        #: one transaction around several writes, each its own savepoint (a group commit)
+        self.batch = db.batch
+        self.batch_now = db.batch_now
+        self.checkpoint_in_background = db.checkpoint_in_background
+
         self.create_tenant = auth.create_tenant
         self.get_tenant = auth.get_tenant
         self.list_tenants = auth.list_tenants

@@ -3,7 +3,8 @@ parsed, every secret of the job and any AIR token scrubbed from its text (a func
 return value holding one is refused: a pickle cannot be edited), then stored.
 
 The body is JSON or msgpack (`air_sdk.gateway.services.report_body`); a msgpack
-report's points are stored from their columns as the same `metrics` event JSON.
+report's points are stored as the columns they came in (`PointColumns.stored_json`),
+and read back as the same `metrics` event a JSON report's points make.
 
 Example:
     >>> ingest_report(ctx, "train-5d41402a", 1, token, body, "application/msgpack")  # doctest: +SKIP
@@ -63,9 +64,9 @@ def ingest_report(
     progress = num_points > 0 or report.heartbeat_step is not None
     active = bool(report.lines) or report.busy
     items: list[EventPayload | SerializedMetrics] = list(report.payloads())
-    if parsed.columns is not None:  # stored as the MetricsBatch of these points would be
+    if parsed.columns is not None:  # stored as columns; read back as a MetricsBatch's points
         data_json = report.data.model_dump_json() if report.data is not None else "null"
-        metrics = parsed.columns.batch_json(
+        metrics = parsed.columns.stored_json(
             dropped_points=report.dropped_points, data_json=data_json
         )
         items = [metrics, *(p for p in items if not isinstance(p, MetricsBatch))]

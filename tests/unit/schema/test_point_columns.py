@@ -1,5 +1,6 @@
-"""Columnar points: what the gateway stores from them is what a MetricsBatch of the same
-points writes, for every kind of value and name."""
+"""Columnar points: the gateway stores them as columns, and what a reader gets back
+(`points_form`) is what a MetricsBatch of the same points writes, for every kind of
+value and name."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import math
 
 import pytest
 
-from air_sdk.schema.columns import PointColumns, to_columns
+from air_sdk.schema.columns import COLUMNS_KEY, PointColumns, points_form, to_columns
 from air_sdk.schema.events import MetricPoint, MetricsBatch
+from air_sdk.schema.numbers import loads_data
 
 NAMES = ["loss", "a%sb", 'q"uote', "ünï", "x,y", "%"]
 VALUES = [0.5, math.nan, math.inf, -math.inf, 1e-300, 12345678901234567.0, 1 / 3, -0.0]
@@ -17,7 +19,9 @@ VALUES = [0.5, math.nan, math.inf, -math.inf, 1e-300, 12345678901234567.0, 1 / 3
 
 def _batch_json(points: list[tuple[int, float, dict[str, float]]], dropped: int = 0) -> dict:
     checked = PointColumns.check(to_columns(points))
-    return json.loads(checked.batch_json(dropped_points=dropped, data_json="null").data_json)
+    stored = loads_data(checked.stored_json(dropped_points=dropped, data_json="null").data_json)
+    assert COLUMNS_KEY in stored and "points" not in stored  # kept as columns...
+    return points_form(stored)  # ...read as points
 
 
 def _model_json(points: list[tuple[int, float, dict[str, float]]], dropped: int = 0) -> dict:

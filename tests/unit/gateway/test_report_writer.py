@@ -1,0 +1,191 @@
+"""The gateway's report ingest (`ReportWriter`): on the event loop when the store's
+writer is free, else queued and committed in groups by its thread; every report is
+answered once it is committed, or with its own error."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from gatewaytest import make_app
+
+from air_sdk.errors import ApiError, AuthError
+from air_sdk.gateway.app import GatewayContext
+from air_sdk.gateway.services.report_writer import ReportWriter
+from air_sdk.gateway.services.reports import ingest_report
+from air_sdk.schema import JobSpec, JobState, NodeAssignment, Placement
+from air_sdk.schema.columns import to_columns
+
+MSGPACK = "application/msgpack"
+
+
+class Job:
+    def __init__(self, home: Path) -> None:
+        app, self.store = make_app(home)
+        self.ctx: GatewayContext = app.state.air
+        job, _ = self.store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
+        self.store.transition(job.id, JobState.SCHEDULED, "placed")
+        placement = Placement(job_id=job.id, nodes=(NodeAssignment(node="node-0", slots=1),))
+        self.id = job.id
+        self.attempt, self.token = self.store.start_attempt(job.id, placement)
+        #: the thread each report was ingested on, in order
+        self.threads: list[str] = []
+
+    def writer(self, **kw: Any) -> ReportWriter:
+        def recorded(*args: Any) -> None:
+            self.threads.append(threading.current_thread().name)
+            ingest_report(*args)
+
+        return ReportWriter(self.ctx, ingest=recorded, **kw)
+
+    def steps(self) -> list[int]:
+        events = self.store.read_events(self.id, limit=10_000)
+        return sorted(
+            p["step"] for e in events if e.type.value == "metrics" for p in e.data["points"]
+        )
+
+
+def _body(step: int) -> bytes:
+    return msgpack.packb({"rank": 0, "columns": to_columns([(step, 1.0, {"loss": 0.5})])})
+
+
+def test_a_report_is_ingested_on_the_loop_when_the_store_is_free(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+
+    async def post() -> None:
+        await writer.ingest(job.id, job.attempt, job.token, _body(1), MSGPACK)
+
+    asyncio.run(post())
+    assert job.steps() == [1]
+    assert job.threads == [threading.current_thread().name]  # no hand-off to a thread
+
+
+def test_reports_wait_for_a_busy_store_and_commit_together(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+    holding, release = threading.Event(), threading.Event()
+
+    def busy_writer() -> None:  # the runner in a long transaction
+        with job.store.batch():
+            holding.set()
+            release.wait(10)
+
+    async def post_all() -> list[Any]:
+        posts = [
+            asyncio.ensure_future(writer.ingest(job.id, job.attempt, job.token, _body(s), MSGPACK))
+            for s in range(5)
+        ]
+        await asyncio.sleep(0.3)
+        assert not any(p.done() for p in posts)  # none answered before it is stored
+        assert job.steps() == []
+        release.set()
+        return await asyncio.wait_for(asyncio.gather(*posts, return_exceptions=True), 10)
+
+    thread = threading.Thread(target=busy_writer)
+    thread.start()
+    assert holding.wait(10)
+    try:
+        results = asyncio.run(post_all())
+    finally:
+        release.set()
+        thread.join(10)
+        writer.stop()
+    assert results == [None] * 5
+    assert job.steps() == [0, 1, 2, 3, 4]
+    assert set(job.threads) == {"air-report-writer"}
+    assert writer.committed_batches < 5  # queued while the store was busy: fewer commits
+
+
+def test_a_refused_report_in_a_group_gets_its_own_error_and_the_rest_are_stored(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+    holding, release = threading.Event(), threading.Event()
+
+    def busy_writer() -> None:
+        with job.store.batch():
+            holding.set()
+            release.wait(10)
+
+    async def post_all() -> list[Any]:
+        posts = [
+            writer.ingest(job.id, job.attempt, job.token, _body(1), MSGPACK),
+            writer.ingest(job.id, job.attempt, "airw_not-the-token", _body(2), MSGPACK),
+            writer.ingest(job.id, job.attempt, job.token, b"\xc1", MSGPACK),  # not msgpack
+            writer.ingest(job.id, job.attempt, job.token, _body(3), MSGPACK),
+        ]
+        gathered = asyncio.gather(*posts, return_exceptions=True)
+        await asyncio.sleep(0.2)
+        release.set()
+        return await asyncio.wait_for(gathered, 10)
+
+    thread = threading.Thread(target=busy_writer)
+    thread.start()
+    assert holding.wait(10)
+    try:
+        ok1, bad_token, bad_body, ok3 = asyncio.run(post_all())
+    finally:
+        release.set()
+        thread.join(10)
+        writer.stop()
+    assert ok1 is None and ok3 is None
+    assert isinstance(bad_token, AuthError) and bad_token.status == 401
+    assert isinstance(bad_body, ApiError) and bad_body.status == 422
+    assert job.steps() == [1, 3]
+
+
+def test_a_stopped_writer_ingests_what_was_queued_and_a_later_report_starts_it_again(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+    holding, release = threading.Event(), threading.Event()
+
+    def busy_writer() -> None:
+        with job.store.batch():
+            holding.set()
+            release.wait(10)
+
+    async def queued_then_stopped() -> None:
+        post = asyncio.ensure_future(
+            writer.ingest(job.id, job.attempt, job.token, _body(1), MSGPACK)
+        )
+        await asyncio.sleep(0.1)
+        release.set()
+        await asyncio.get_running_loop().run_in_executor(None, writer.stop)
+        await asyncio.wait_for(post, 10)
+        await writer.ingest(job.id, job.attempt, job.token, _body(2), MSGPACK)
+
+    thread = threading.Thread(target=busy_writer)
+    thread.start()
+    assert holding.wait(10)
+    try:
+        asyncio.run(queued_then_stopped())
+    finally:
+        release.set()
+        thread.join(10)
+    assert job.steps() == [1, 2]
+
+
+@pytest.mark.parametrize("token_ok", [True, False])
+def test_the_loop_path_answers_the_same_as_the_queued_one(tmp_path: Path, token_ok: bool) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+    token = job.token if token_ok else "airw_wrong"
+
+    async def post() -> None:
+        await writer.ingest(job.id, job.attempt, token, _body(7), MSGPACK)
+
+    if token_ok:
+        asyncio.run(post())
+        assert job.steps() == [7]
+    else:
+        with pytest.raises(AuthError):
+            asyncio.run(post())
+        assert job.steps() == []
