@@ -111,6 +111,7 @@ class EventLog:
         progress: bool = False,
         active: bool = False,
         finished: bool = False,
+        may_trim: bool = True,
     ) -> None:
         """Append a worker report's events (`WorkerReport.payloads()`, already redacted)
         and note the heartbeat, in one transaction. `progress`
@@ -120,7 +121,9 @@ class EventLog:
         rank alive otherwise (output lines, CPU or GPU use): hangs of plain scripts. A
         rank's first report counts as activity (it just started). `finished` marks the
         report of a rank whose runtime shut down (it is leaving). A `SerializedMetrics`
-        item is a `metrics` event whose JSON was written from a binary report's columns."""
+        item is a `metrics` event whose JSON was written from a binary report's columns.
+        With `may_trim` False, a report that takes the job past a storage quota raises
+        `TrimNeeded` instead of deleting the oldest events (see `QuotaKeeper`)."""
         now = time.time()
         with self._db.tx() as c:
             for payload in items:
@@ -154,7 +157,7 @@ class EventLog:
                 )
                 self._last_seq[job_id] = seq
                 if column is not None:
-                    alert = self._quota.check(c, job_id, etype, used)
+                    alert = self._quota.check(c, job_id, etype, used, may_trim=may_trim)
                     if alert is not None:
                         self.append(c, job_id, alert, attempt=attempt)
             c.execute(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from air_sdk.schema import EventType
 from air_sdk.schema.events import Alert
 
-__all__ = ["COUNTED", "MIB", "QUOTA_ALERT", "JobQuotas", "QuotaKeeper", "utf8_len"]
+__all__ = ["COUNTED", "MIB", "QUOTA_ALERT", "JobQuotas", "QuotaKeeper", "TrimNeeded", "utf8_len"]
 
 MIB = 1 << 20
 #: the alert's `kind`
@@ -71,6 +71,12 @@ class JobQuotas:
         return None
 
 
+class TrimNeeded(Exception):
+    """Raised by `QuotaKeeper.check` where a trim was not allowed (`may_trim=False`): a
+    caller on an event loop, where deleting the oldest events (megabytes) must not run.
+    The write that raised it is undone; the caller does it again where it may wait."""
+
+
 class QuotaKeeper:
     """Trims a job's oldest log or metrics events past its quota. Called by the store
     inside its write transaction (`c`), so a trim and the append that caused it commit
@@ -82,14 +88,23 @@ class QuotaKeeper:
         self._alerted: set[tuple[str, EventType]] = set()
 
     def check(
-        self, c: sqlite3.Connection, job_id: str, etype: EventType, used: int
+        self,
+        c: sqlite3.Connection,
+        job_id: str,
+        etype: EventType,
+        used: int,
+        *,
+        may_trim: bool = True,
     ) -> Alert | None:
         """`used`: the job's stored bytes of `etype`, the event just inserted included.
-        Past the quota, deletes the oldest and lowers the count. Returns the alert to
-        append the first time the job is trimmed, else None."""
+        Past the quota, deletes the oldest and lowers the count (or raises `TrimNeeded`
+        when `may_trim` is False). Returns the alert to append the first time the job is
+        trimmed, else None."""
         limit = self.quotas.bytes_for(etype)
         if limit is None or used <= limit:
             return None
+        if not may_trim:
+            raise TrimNeeded(f"job {job_id} is over its {etype.value} quota")
         freed = _delete_oldest(c, job_id, etype, used - int(limit * self.quotas.trim_to))
         column = COUNTED[etype]
         c.execute(f"UPDATE jobs SET {column} = {column} - ? WHERE id = ?", (freed, job_id))

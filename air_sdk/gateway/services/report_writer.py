@@ -9,7 +9,9 @@ the report's own work (docs/benchmarks.md, "Ingest"). So a report is ingested
 the loop when the store's writer can be had without waiting (`Database.batch_now`:
 no other thread holds it, no other process holds the file) and nothing is queued
 before it. Its commit then never stalls on a WAL checkpoint: the gateway takes those
-in a thread of their own (`Database.checkpoint_in_background`).
+in a thread of their own (`Database.checkpoint_in_background`); and a report that
+takes its job past a storage quota, whose trim deletes megabytes of old events, is
+undone there and handed to the thread (`TrimNeeded`).
 
 Otherwise the loop queues the report and waits; one thread takes every report queued
 by then (up to `max_batch`), ingests each inside one transaction, each report its own
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from air_sdk.gateway.services.reports import ingest_report
+from air_sdk.store.quota import TrimNeeded
 
 if TYPE_CHECKING:
     from air_sdk.gateway.app import GatewayContext
@@ -91,10 +94,15 @@ class ReportWriter:
         the calling loop when the store's writer is free and nothing is queued, else
         through the writer thread."""
         if not self._pending:
-            with self._ctx.store.batch_now() as began:
-                if began:
-                    self._ingest(self._ctx, job_id, attempt, token, body, content_type)
-                    return
+            try:
+                with self._ctx.store.batch_now() as began:
+                    if began:
+                        self._ingest(
+                            self._ctx, job_id, attempt, token, body, content_type, may_trim=False
+                        )
+                        return
+            except TrimNeeded:  # deleting the job's oldest events is for the thread
+                pass
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._ensure_thread()

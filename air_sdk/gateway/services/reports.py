@@ -37,11 +37,15 @@ def ingest_report(
     token: str,
     body: bytes,
     content_type: str | None = "application/json",
+    *,
+    may_trim: bool = True,
 ) -> None:
     """Store one rank's report: an `AuthError` (401) for a token not of this job and
     attempt, a `ConflictError` (409) for an attempt no longer current, an `ApiError`
     (422) for a body that is not a `WorkerReport` or a result holding a secret, (415)
-    for a Content-Type that is neither JSON nor msgpack."""
+    for a Content-Type that is neither JSON nor msgpack. With `may_trim` False, a
+    report that takes the job past a storage quota raises `TrimNeeded` (nothing of it
+    is stored) instead of deleting the job's oldest events."""
     began = time.perf_counter()
     verdict = ctx.store.check_worker_token(job_id, attempt, token)
     if verdict == "invalid":
@@ -79,6 +83,7 @@ def ingest_report(
         progress=progress,
         active=active,
         finished=report.finished,
+        may_trim=may_trim,
     )
     if ctx.metrics is not None:  # one observation per report, never per point
         ctx.metrics.observe_report(

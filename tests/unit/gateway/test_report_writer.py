@@ -17,16 +17,25 @@ from air_sdk.errors import ApiError, AuthError
 from air_sdk.gateway.app import GatewayContext
 from air_sdk.gateway.services.report_writer import ReportWriter
 from air_sdk.gateway.services.reports import ingest_report
+from air_sdk.runner import LocalBackend, Runner
+from air_sdk.scheduler import NodeSpec
 from air_sdk.schema import JobSpec, JobState, NodeAssignment, Placement
 from air_sdk.schema.columns import to_columns
+from air_sdk.store import SqliteStore
+from air_sdk.store.quota import MIB, JobQuotas
 
 MSGPACK = "application/msgpack"
 
 
 class Job:
-    def __init__(self, home: Path) -> None:
-        app, self.store = make_app(home)
-        self.ctx: GatewayContext = app.state.air
+    def __init__(self, home: Path, quotas: JobQuotas | None = None) -> None:
+        if quotas is None:
+            app, self.store = make_app(home)
+            self.ctx: GatewayContext = app.state.air
+        else:
+            self.store = SqliteStore(home / "air.db", quotas=quotas)
+            runner = Runner(self.store, LocalBackend(nodes=[NodeSpec("node-0", 1)]), home, "")
+            self.ctx = GatewayContext(store=self.store, runner=runner, home=home)
         job, _ = self.store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
         self.store.transition(job.id, JobState.SCHEDULED, "placed")
         placement = Placement(job_id=job.id, nodes=(NodeAssignment(node="node-0", slots=1),))
@@ -36,9 +45,9 @@ class Job:
         self.threads: list[str] = []
 
     def writer(self, **kw: Any) -> ReportWriter:
-        def recorded(*args: Any) -> None:
+        def recorded(*args: Any, **kw: Any) -> None:
             self.threads.append(threading.current_thread().name)
-            ingest_report(*args)
+            ingest_report(*args, **kw)
 
         return ReportWriter(self.ctx, ingest=recorded, **kw)
 
@@ -49,8 +58,9 @@ class Job:
         )
 
 
-def _body(step: int) -> bytes:
-    return msgpack.packb({"rank": 0, "columns": to_columns([(step, 1.0, {"loss": 0.5})])})
+def _body(step: int, num_points: int = 1) -> bytes:
+    points = [(step * num_points + i, 1.0, {"loss": 0.5}) for i in range(num_points)]
+    return msgpack.packb({"rank": 0, "columns": to_columns(points)})
 
 
 def test_a_report_is_ingested_on_the_loop_when_the_store_is_free(tmp_path: Path) -> None:
@@ -189,3 +199,31 @@ def test_the_loop_path_answers_the_same_as_the_queued_one(tmp_path: Path, token_
         with pytest.raises(AuthError):
             asyncio.run(post())
         assert job.steps() == []
+
+
+def test_a_report_that_needs_a_quota_trim_is_handed_to_the_thread(tmp_path: Path) -> None:
+    # Trimming deletes megabytes of old events: never on the event loop.
+    job = Job(tmp_path, JobQuotas(max_metric_bytes=MIB))
+    writer = job.writer()
+
+    async def post_until_trimmed() -> int:
+        for step in range(200):  # ~20 KB stored a report: past 1 MiB within ~55
+            await writer.ingest(job.id, job.attempt, job.token, _body(step, 1000), MSGPACK)
+            if "air-report-writer" in job.threads:
+                return step
+        raise AssertionError("no report was handed to the writer thread")
+
+    try:
+        step = asyncio.run(post_until_trimmed())
+    finally:
+        writer.stop()
+    loop = threading.current_thread().name
+    # the report that crossed the quota was tried on the loop, undone, then stored by
+    # the thread, which trimmed; every report before it was stored on the loop
+    assert job.threads[:-2] == [loop] * step and job.threads[-2:] == [loop, "air-report-writer"]
+    events = job.store.read_events(job.id, limit=100_000)
+    assert [e.data["kind"] for e in events if e.type.value == "alert"] == ["quota"]
+    steps = sorted(
+        {p["step"] // 1000 for e in events if e.type.value == "metrics" for p in e.data["points"]}
+    )
+    assert steps[-1] == step and steps[0] > 0  # the newest kept, the oldest dropped
