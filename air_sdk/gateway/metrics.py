@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -103,6 +103,7 @@ class GatewayMetrics:
             ["format"],
             registry=r,
         )
+        self._reports_by_format: dict[str, Any] = {}
         self.ingest = Histogram(
             "air_ingest_report_seconds",
             "Seconds the gateway took to check, scrub and store one worker report.",
@@ -129,7 +130,12 @@ class GatewayMetrics:
     ) -> None:
         """One ingested report: its points counted in one step, its checkpoints' waits,
         its body's format (`json` or `msgpack`)."""
-        self.reports.labels(format=body_format).inc()
+        counter = self._reports_by_format.get(body_format)
+        if counter is None:  # looked up once per format: labels() is a dict build and a lock
+            counter = self._reports_by_format[body_format] = self.reports.labels(
+                format=body_format
+            )
+        counter.inc()
         if num_points:
             self.points.inc(num_points)
         for blocked in blocked_s:

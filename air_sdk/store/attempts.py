@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 import time
 
 from air_sdk.redact import REDACTED
@@ -27,6 +28,8 @@ __all__ = ["ENDED_GRACE_S", "SECRETS_MARGIN_S", "AttemptStore"]
 
 #: how long after an attempt ended its ranks may still post (last lines, exit records)
 ENDED_GRACE_S = 10.0
+#: at most this many "ok" verdicts are remembered (then all are forgotten at once)
+MAX_REMEMBERED_VERDICTS = 100_000
 #: an ended job's secret values stay in memory this much longer than the grace, so the
 #: last report accepted (checked a moment before it is scrubbed) still finds them
 SECRETS_MARGIN_S = 5.0
@@ -39,6 +42,22 @@ class AttemptStore:
         self._db = db
         self._events = events
         self._secrets = secrets
+        # "ok" verdicts of attempts that are current and not ended, by (job, attempt,
+        # token): every rank posts twice a second, and the SELECT and the digest were a
+        # twentieth of a report's cost. Forgotten, all of them, after any commit that
+        # could change one (an attempt started or ended, a job ended: `forget_verdicts`);
+        # a verdict read before such a commit is kept only if no forgetting happened
+        # while it was read (`_generation`), so none outlives the change that ends it.
+        self._verdicts: dict[tuple[str, int, str], None] = {}
+        self._verdict_lock = threading.Lock()
+        self._generation = 0
+
+    def forget_verdicts(self) -> None:
+        """Forget every remembered "ok": called after a commit that starts or ends an
+        attempt or ends a job (the store calls it; nothing else changes a verdict)."""
+        with self._verdict_lock:
+            self._generation += 1
+            self._verdicts.clear()
 
     def start_attempt(
         self, job_id: str, placement: Placement, *, resumed_from_step: int | None = None
@@ -68,6 +87,7 @@ class AttemptStore:
                 resumed_from_step=resumed_from_step,
             )
             self._events.append(c, job_id, started, attempt=attempt)
+        self.forget_verdicts()  # the job's earlier attempts are fenced off from now
         return attempt, token
 
     def end_attempt(
@@ -89,6 +109,7 @@ class AttemptStore:
             )
             ended = AttemptChange(attempt=attempt, phase="ended", reason=reason)
             self._events.append(c, job_id, ended, attempt=attempt)
+        self.forget_verdicts()  # its ranks now post within the grace only
 
     def list_attempts(self, job_id: str) -> list[AttemptRecord]:
         rows = self._db.read("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
@@ -157,6 +178,11 @@ class AttemptStore:
         and what arrives is scrubbed like any report. When they are gone before the
         grace is (the gateway restarted in between), the report is refused: it could
         not be scrubbed, and nothing unscrubbed is ever stored."""
+        key = (job_id, attempt, token)
+        if key in self._verdicts:
+            return "ok"
+        with self._verdict_lock:
+            generation = self._generation
         rows = self._db.read(
             "SELECT a.attempt, a.ended_at, j.attempt AS current, j.ended_at AS job_ended"
             " FROM attempts a JOIN jobs j ON j.id = a.job_id"
@@ -171,7 +197,14 @@ class AttemptStore:
         # A job can end without its attempt being closed (a runner that lost it):
         # the job's end starts the grace too.
         ends = [t for t in (rows[0]["ended_at"], job_ended) if t is not None]
-        if ends and time.time() - min(ends) > ended_grace_s:
+        if not ends:
+            with self._verdict_lock:
+                if generation == self._generation:
+                    if len(self._verdicts) >= MAX_REMEMBERED_VERDICTS:
+                        self._verdicts.clear()
+                    self._verdicts[key] = None
+            return "ok"
+        if time.time() - min(ends) > ended_grace_s:
             return "stale"
         if job_ended is not None and not self._secrets_at_hand(job_id):
             return "stale"

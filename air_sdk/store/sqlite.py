@@ -91,6 +91,11 @@ class SqliteStore:
         self.queue_position = jobs.queue_position
         self.add_transition_listener = jobs.add_transition_listener
 
+        # an ended job fences its attempts' tokens: no remembered verdict survives it
+        jobs.add_transition_listener(
+            lambda change: attempts.forget_verdicts() if change.job.state.terminal else None
+        )
+        self.forget_verdicts = attempts.forget_verdicts
         self.start_attempt = attempts.start_attempt
         self.end_attempt = attempts.end_attempt
         self.list_attempts = attempts.list_attempts

@@ -61,6 +61,45 @@ def test_worker_tokens_are_fenced_by_attempt(store):
     assert store.check_worker_token(job.id, a2, t1) == "invalid"
 
 
+def test_a_remembered_verdict_never_outlives_the_end_of_its_attempt_or_job(store):
+    # Verdicts of running attempts are remembered (a rank posts twice a second); an end
+    # must fence the token at once all the same.
+    job, _ = store.create_job(spec(), tenant="default")
+    p = Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),))
+    a1, t1 = store.start_attempt(job.id, p)
+    assert store.check_worker_token(job.id, a1, t1) == "ok"  # remembered now
+    store.end_attempt(job.id, a1, "crashed")
+    assert store.check_worker_token(job.id, a1, t1) == "ok"  # within the grace
+    assert store.check_worker_token(job.id, a1, t1, ended_grace_s=0) == "stale"
+    # a job that ends without its attempt being closed (a runner that lost it)
+    a2, t2 = store.start_attempt(job.id, p)
+    store.transition(job.id, JobState.SCHEDULED, "placed")
+    assert store.check_worker_token(job.id, a2, t2) == "ok"
+    store.transition(job.id, JobState.CANCELLED, "cancelled")
+    assert store.check_worker_token(job.id, a2, t2, ended_grace_s=0) == "stale"
+
+
+def test_a_verdict_read_while_its_attempt_ends_is_not_remembered(store, monkeypatch):
+    job, _ = store.create_job(spec(), tenant="default")
+    p = Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),))
+    a1, t1 = store.start_attempt(job.id, p)
+    db = store._db
+    read = db.read
+    ended = []
+
+    def read_then_end(sql, args=()):  # the runner ends the attempt right after the SELECT
+        rows = read(sql, args)
+        if "token_hash" in sql and not ended:
+            ended.append(True)
+            store.end_attempt(job.id, a1, "lost")
+        return rows
+
+    monkeypatch.setattr(db, "read", read_then_end)
+    assert store.check_worker_token(job.id, a1, t1) == "ok"  # read before the end
+    monkeypatch.setattr(db, "read", read)
+    assert store.check_worker_token(job.id, a1, t1, ended_grace_s=0) == "stale"
+
+
 def test_tokens_are_stored_hashed(store, tmp_path):
     token = store.create_token(role="admin")
     assert store.lookup_token(token) == ("default", "admin")
