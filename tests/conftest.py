@@ -1,4 +1,5 @@
-"""The whole suite's order: tests that make this process a Ray driver run last.
+"""The whole suite's order: tests that fork DataLoader workers from this process run
+first, tests that make this process a Ray driver run last.
 
 A process that joined a Ray cluster keeps Ray's native threads after `ray.shutdown()`
 (15 here, gRPC and core-worker threads), and `fork()` copies such a process with
@@ -7,7 +8,19 @@ that fork from this process (DataLoader workers, multiprocessing) must not come 
 one: the suite's only crash of a DataLoader worker (a SIGSEGV in a `ShardedDataset`
 resume test, once in the full runs on record; not reproduced in 40 runs of the data
 tests alone nor in 3 runs after the Ray tests) came after the Ray tests had run in the
-same process. Within each group the order stays the collection order.
+same process.
+
+Tests that fork DataLoader workers (marked `forks_workers`) run before everything
+else, in a process that holds nothing yet of the other tests. After some 1,700 tests
+this process holds threads of other libraries (W&B's OpenTelemetry exporters, an AnyIO
+portal, tqdm monitors, fsspec's IO loop), pools of OpenMP, and whatever else they left;
+the crash then came again without Ray (once in four full runs on 2026-12-03, a
+`ShardedDataset` resume test): torch's handler reported a SIGSEGV in a worker, and AIR's
+worker start, which enables faulthandler first thing, had not run yet, so the worker
+died inside torch's own start-up after `fork()`. It was not reproduced in isolation (280
+forks beside recreated W&B exporter threads and busy torch threads). The loader's
+own crash path is tested (`test_a_worker_that_crashes_in_native_code_prints_where`).
+Within each group the order stays the collection order.
 """
 
 from __future__ import annotations
@@ -16,4 +29,9 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("ray") is not None)
+    def group(item: pytest.Item) -> int:
+        if item.get_closest_marker("forks_workers") is not None:
+            return 0
+        return 2 if item.get_closest_marker("ray") is not None else 1
+
+    items.sort(key=group)

@@ -163,6 +163,11 @@ class WandbWriter:
     ) -> None:
         import os
 
+        # W&B's own error reporting (OpenTelemetry over HTTPS to W&B, with export
+        # threads that every process forked from this one starts again) is off unless
+        # the operator turned it on: an offline export sends nothing anywhere, and
+        # DataLoader workers forked beside it crashed in those threads.
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
         import wandb
 
         directory.mkdir(parents=True, exist_ok=True)

@@ -132,9 +132,7 @@ class GatewayMetrics:
         its body's format (`json` or `msgpack`)."""
         counter = self._reports_by_format.get(body_format)
         if counter is None:  # looked up once per format: labels() is a dict build and a lock
-            counter = self._reports_by_format[body_format] = self.reports.labels(
-                format=body_format
-            )
+            counter = self._reports_by_format[body_format] = self.reports.labels(format=body_format)
         counter.inc()
         if num_points:
             self.points.inc(num_points)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,21 @@ def test_wandb_offline_run_holds_the_series_and_the_final_state(tmp_path, monkey
     assert [r["air/step"] for r in wandbfile.history(log) if "air/checkpoint_step" in r] == [3]
     summary = wandbfile.summary(log)
     assert summary["air/state"] == "SUCCEEDED" and summary["air/last_checkpoint"] == "/ck/3"
+
+
+def test_an_offline_wandb_export_starts_no_error_reporting_to_wandb(tmp_path, monkeypatch):
+    # W&B's own error reporting exports over HTTPS to W&B from threads that every
+    # process forked later starts again: off unless the operator turned it on.
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_ERROR_REPORTING", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _run("wandb", tmp_path)
+    assert os.environ["WANDB_ERROR_REPORTING"] == "false"
+    assert [t.name for t in threading.enumerate() if t.name.startswith("Otel")] == []
+    # an operator's own choice stands
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "true")
+    _run("wandb", tmp_path / "again")
+    assert os.environ["WANDB_ERROR_REPORTING"] == "true"
 
 
 def test_a_bad_message_is_answered_with_an_error_and_the_worker_stops(tmp_path):

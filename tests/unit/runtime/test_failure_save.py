@@ -27,6 +27,9 @@ GLOO_ERROR = (
     " Connection reset by peer."
 )
 
+# DataLoader workers are forked from the test process: run before other tests (conftest.py)
+pytestmark = pytest.mark.forks_workers
+
 
 class Shipper(MetricsShipper):
     """A shipper without a gateway that keeps the checkpoint records it is given."""

@@ -16,6 +16,9 @@ from air_sdk.runtime.data import (  # noqa: E402
     resumable_loader,
 )
 
+# DataLoader workers are forked from the test process: run before other tests (conftest.py)
+pytestmark = pytest.mark.forks_workers
+
 
 class CountingDataset(torch.utils.data.Dataset):
     """Sample i is i; counts every __getitem__ call."""

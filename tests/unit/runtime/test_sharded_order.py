@@ -139,6 +139,9 @@ import datetime, itertools, json, os, sys
 import torch.distributed as dist
 import air_sdk.runtime as air
 
+# DataLoader workers are forked from the test process: run before other tests (conftest.py)
+pytestmark = pytest.mark.forks_workers
+
 root, out = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 rank = dist.get_rank()

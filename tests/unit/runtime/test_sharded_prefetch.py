@@ -18,6 +18,9 @@ from air_sdk.runtime.data import ShardedDataset, write_index
 from air_sdk.runtime.data._order import GlobalOrder
 from air_sdk.runtime.data.metrics import recorder
 
+# DataLoader workers are forked from the test process: run before other tests (conftest.py)
+pytestmark = pytest.mark.forks_workers
+
 SIZES = (6, 7, 5, 8, 6)  # samples of SEQ_LEN per shard: five shards, each ~100 bytes
 KW = {"seq_len": SEQ_LEN, "dp_rank": 0, "dp_size": 1}
 

@@ -14,6 +14,9 @@ from air_sdk.errors import ConfigError, ShardChecksumError
 from air_sdk.runtime.data import ShardedDataset, loader, write_index
 from air_sdk.runtime.data.metrics import recorder
 
+# DataLoader workers are forked from the test process: run before other tests (conftest.py)
+pytestmark = pytest.mark.forks_workers
+
 
 def _upload(local: Path, url: str) -> None:
     fs = fsspec.filesystem("memory")

@@ -18,6 +18,9 @@ from air_sdk.runtime import checkpoint
 from air_sdk.runtime.checkpoint import Checkpointer
 from air_sdk.runtime.data import ShardedDataset, StreamLoader, loader, write_index
 
+# DataLoader workers are forked from the test process: run before other tests (conftest.py)
+pytestmark = pytest.mark.forks_workers
+
 torch = pytest.importorskip("torch")
 BATCH = 3
 
