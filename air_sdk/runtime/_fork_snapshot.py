@@ -174,10 +174,16 @@ class ForkedWrite:
         self.share = share
         self.pid: int | None = None
         self._result: Any = None
+        self._forker: threading.Thread | None = None
 
     def start(self) -> None:
-        """Fork; the child writes and exits. Raises OSError if the fork fails."""
+        """Fork; the child writes and exits. Raises OSError if the fork fails.
+
+        Call it from the thread that trains: the child dies with the thread that forked
+        it, and CPython clears every other thread's state in the child (their
+        destructors run there)."""
         _preload()
+        self._forker = threading.current_thread()
         # Anonymous (unlinked) and shared with the child: nothing to clean up after a crash.
         self._result = tempfile.TemporaryFile(prefix="air-ckpt-fork-")  # noqa: SIM115
         parent = os.getpid()
@@ -215,7 +221,14 @@ class ForkedWrite:
         who = f"the forked checkpoint writer (pid {self.pid})"
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            raise CheckpointError(f"{who} was killed by signal {sig} ({_signal_name(sig)})")
+            why = f"{who} was killed by signal {sig} ({_signal_name(sig)})"
+            if sig == signal.SIGKILL and self._forker is not None and not self._forker.is_alive():
+                why += (
+                    f": the thread that called save ({self._forker.name}) ended before the "
+                    "write did, and the writer dies with it; wait() for the save in that "
+                    "thread, or save from the main thread"
+                )
+            raise CheckpointError(why)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
         outcome = _unpickle(raw)
         if code == _EXIT_OK and isinstance(outcome, tuple) and outcome[0] == "ok":
@@ -303,7 +316,7 @@ def _detach(parent: int) -> None:
     # No collection here: it would run finalizers of the parent's garbage (a DataLoader
     # iterator's would signal the parent's workers). The child lives seconds; _exit frees all.
     gc.disable()
-    # Tied to the forking thread (the commit thread), which lives until this child is reaped.
+    # Tied to the forking thread (the one that called save): see ForkedWrite.wait.
     set_parent_death_signal(signal.SIGKILL)
     _set_name(WRITER_NAME)
     if os.getppid() != parent:  # the parent died before the death signal was set

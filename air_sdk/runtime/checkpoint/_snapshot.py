@@ -5,9 +5,9 @@ Two variants behind one interface (`SnapshotWriter`), picked per save by
 
 * `CopySnapshot`: `dcp.async_save` copies the state into CPU memory in the training
   thread, then writes it; DCP writes `.metadata` itself.
-* `ForkSnapshot`: the commit thread forks a copy-on-write child that writes this
-  rank's share (`air_sdk.runtime._fork_snapshot`); the training thread waits only for
-  the fork. Each rank hands its part of DCP's metadata to rank 0, which merges them.
+* `ForkSnapshot`: the training thread forks a copy-on-write child that writes this
+  rank's share (`air_sdk.runtime._fork_snapshot`) and goes on; the commit thread waits
+  for the child. Each rank hands its part of DCP's metadata to rank 0, which merges them.
 
 The checkpointer calls `begin()` in the training thread, starts the commit thread
 (which calls `finish()`), then `await_snapshot()`; after that the state may change.
@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import threading
 import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -109,8 +108,12 @@ class CopySnapshot(SnapshotWriter):
 
 class ForkSnapshot(SnapshotWriter):
     """A copy-on-write child writes this rank's `share` of the items (None: all of them,
-    a world of one). The commit thread forks it: the child's death signal is tied to
-    the forking thread, which lives until the child is reaped."""
+    a world of one). The training thread forks it, in `begin()`: in the child, CPython
+    clears the thread state of every thread but the forking one, and that runs the
+    destructors of what those threads kept (torch's per-thread DTensor sharding cache
+    holds device meshes, and through them process groups: a gloo group's destructor
+    waits for worker threads the child does not have, forever). The thread that trains
+    is the one whose state matters; the commit thread only waits for the child."""
 
     name = "fork"
     writes_metadata = False
@@ -128,19 +131,19 @@ class ForkSnapshot(SnapshotWriter):
         super().__init__(state, writer, group, started)
         self.forked = ForkedWrite(state, writer, rank, share)
         self.state = {}  # the child gets its copy through `forked`
-        self._launched = threading.Event()
+        self._not_forked: CheckpointError | None = None
 
-    def await_snapshot(self) -> None:
-        self._launched.wait()
-
-    def finish(self) -> Metadata:
+    def begin(self) -> None:
         try:
             self.forked.start()
-        except BaseException as exc:
-            raise CheckpointError(f"cannot fork the checkpoint writer: {exc}") from exc
+        except Exception as exc:  # the commit thread reports it, as every rank's outcome
+            self._not_forked = CheckpointError(f"cannot fork the checkpoint writer: {exc}")
         finally:
             self.blocked_s = time.monotonic() - self.started
-            self._launched.set()
+
+    def finish(self) -> Metadata:
+        if self._not_forked is not None:
+            raise self._not_forked
         return self.forked.wait()
 
     def merged_metadata(self, parts: list[Metadata]) -> Metadata:

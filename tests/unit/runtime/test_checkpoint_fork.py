@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,91 @@ def test_a_killed_writer_fails_the_save_commits_nothing_and_keeps_the_previous(
     assert all(torch.equal(v, at_1[k]) for k, v in params(fresh["model"]).items())
     ckpt.save(state, step=3, block=True)  # and saving works again
     assert ckpt.latest() == 3
+
+
+def test_a_writer_dies_with_the_thread_that_saved_and_the_save_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = Checkpointer(tmp_path)
+    in_child(monkeypatch, lambda rank: time.sleep(30))  # still writing when the thread ends
+    saver = threading.Thread(target=ckpt.save, args=(make_state(),), kwargs={"step": 1})
+    saver.start()
+    saver.join()
+    with pytest.raises(CheckpointError) as caught:
+        ckpt.wait()
+    message = str(caught.value)
+    assert "killed by signal 9 (SIGKILL)" in message
+    assert f"the thread that called save ({saver.name}) ended before the write did" in message
+    assert ckpt.latest() is None
+
+
+GONE_GROUPS = """
+import sys
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from air_sdk.runtime.checkpoint import Checkpointer
+
+
+def train_under(layout):  # a process group made, trained on in this thread, destroyed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    layout(model, init_device_mesh("cpu", (1,)))
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        optim.zero_grad()
+        F.mse_loss(model(torch.randn(4, 4)), torch.randn(4, 2)).backward()
+        optim.step()
+    dist.destroy_process_group()
+
+
+train_under(lambda model, mesh: fully_shard(model, mesh=mesh))
+train_under(lambda model, mesh: parallelize_module(model, mesh, {"0": ColwiseParallel()}))
+ckpt = Checkpointer(sys.argv[1])
+torch.manual_seed(5)
+ckpt.save({"model": torch.nn.Linear(3, 3)}, step=1)
+print("committed step", ckpt.wait(), flush=True)
+"""
+
+
+def test_a_fork_save_finishes_where_the_training_thread_kept_process_groups_that_are_gone(
+    tmp_path: Path,
+) -> None:
+    """torch's per-thread DTensor cache keeps the device meshes, and so the process
+    groups, of the ops this thread ran. A child forked by another thread had CPython
+    clear this thread's state, whose gloo group's destructor then waited forever for
+    worker threads the child does not have: the save never finished."""
+    script = tmp_path / "gone_groups.py"
+    script.write_text(GONE_GROUPS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIR_")}
+    env["AIR_CHECKPOINT_SNAPSHOT"] = "fork"
+    with subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "ckpt")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a hung writer is killed with it
+    ) as proc:
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"the fork save never finished:\n{out}")
+    assert proc.returncode == 0, out
+    assert "committed step 1" in out
+    torch.manual_seed(5)
+    fresh = {"model": torch.nn.Linear(3, 3)}
+    expected = {k: v.clone() for k, v in fresh["model"].state_dict().items()}
+    with torch.no_grad():
+        for p in fresh["model"].parameters():
+            p.zero_()
+    assert Checkpointer(tmp_path / "ckpt").load(fresh) == 1
+    assert all(torch.equal(v, expected[k]) for k, v in fresh["model"].state_dict().items())
 
 
 def test_a_failed_write_in_the_child_says_why(tmp_path: Path) -> None:
