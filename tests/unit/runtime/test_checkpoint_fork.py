@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -146,20 +145,56 @@ def test_a_killed_writer_fails_the_save_commits_nothing_and_keeps_the_previous(
     assert ckpt.latest() == 3
 
 
-def test_a_writer_dies_with_the_thread_that_saved_and_the_save_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ckpt = Checkpointer(tmp_path)
-    in_child(monkeypatch, lambda rank: time.sleep(30))  # still writing when the thread ends
-    saver = threading.Thread(target=ckpt.save, args=(make_state(),), kwargs={"step": 1})
-    saver.start()
-    saver.join()
-    with pytest.raises(CheckpointError) as caught:
-        ckpt.wait()
-    message = str(caught.value)
-    assert "killed by signal 9 (SIGKILL)" in message
-    assert f"the thread that called save ({saver.name}) ended before the write did" in message
-    assert ckpt.latest() is None
+THREAD_ENDS = """
+import sys, threading, time
+import torch
+from air_sdk.runtime import _fork_snapshot
+from air_sdk.runtime.checkpoint import Checkpointer
+
+_fork_snapshot._child_hook = lambda rank: time.sleep(30)  # still writing when it ends
+ckpt = Checkpointer(sys.argv[1])
+saver = threading.Thread(target=ckpt.save, args=({"model": torch.nn.Linear(3, 3)},),
+                         kwargs={"step": 1}, name="saver")
+saver.start()
+saver.join()
+try:
+    ckpt.wait()
+except Exception as exc:
+    print(exc, flush=True)
+print("latest", ckpt.latest(), flush=True)
+"""
+
+
+def run_script(tmp_path: Path, text: str) -> str:
+    """`text` run as a fork-saving job's script in a process of its own (this one's
+    threads hold whatever the tests before left); its output."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIR_")}
+    env["AIR_CHECKPOINT_SNAPSHOT"] = "fork"
+    with subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "ckpt")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a hung writer is killed with it
+    ) as proc:
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"the fork save never finished:\n{out}")
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_a_writer_dies_with_the_thread_that_saved_and_the_save_says_so(tmp_path: Path) -> None:
+    out = run_script(tmp_path, THREAD_ENDS)
+    assert "killed by signal 9 (SIGKILL)" in out
+    assert "the thread that called save (saver) ended before the write did" in out
+    assert "latest None" in out
 
 
 GONE_GROUPS = """
@@ -201,25 +236,7 @@ def test_a_fork_save_finishes_where_the_training_thread_kept_process_groups_that
     groups, of the ops this thread ran. A child forked by another thread had CPython
     clear this thread's state, whose gloo group's destructor then waited forever for
     worker threads the child does not have: the save never finished."""
-    script = tmp_path / "gone_groups.py"
-    script.write_text(GONE_GROUPS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIR_")}
-    env["AIR_CHECKPOINT_SNAPSHOT"] = "fork"
-    with subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "ckpt")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # a hung writer is killed with it
-    ) as proc:
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            pytest.fail(f"the fork save never finished:\n{out}")
-    assert proc.returncode == 0, out
+    out = run_script(tmp_path, GONE_GROUPS)
     assert "committed step 1" in out
     torch.manual_seed(5)
     fresh = {"model": torch.nn.Linear(3, 3)}
