@@ -18,6 +18,9 @@ from shard_files import SEQ_LEN, SIZES, token_ids, token_shards
 from air_sdk.errors import ConfigError
 from air_sdk.runtime.data import ShardedDataset, loader, write_index
 
+# DataLoader workers are forked from the test process: run before other tests (conftest.py)
+pytestmark = pytest.mark.forks_workers
+
 torch = pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[3]
 BLOCK = 10  # smaller than a shard: the window property below is visible
@@ -138,9 +141,6 @@ REAL_RANKS = """
 import datetime, itertools, json, os, sys
 import torch.distributed as dist
 import air_sdk.runtime as air
-
-# DataLoader workers are forked from the test process: run before other tests (conftest.py)
-pytestmark = pytest.mark.forks_workers
 
 root, out = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
