@@ -20,7 +20,13 @@ worker start, which enables faulthandler first thing, had not run yet, so the wo
 died inside torch's own start-up after `fork()`. It was not reproduced in isolation (280
 forks beside recreated W&B exporter threads and busy torch threads). The loader's
 own crash path is tested (`test_a_worker_that_crashes_in_native_code_prints_where`).
-Within each group the order stays the collection order.
+On 2026-12-03 a DataLoader worker of `test_failure_save.py`'s ShardedDataset test hung
+(300 s, one clean-clone run; not reproduced since, alone or after the full collection).
+Both crashes and this hang came after in-process tests that built DTensors on gloo
+groups: torch's per-thread DTensor cache keeps such a group, and its gloo threads,
+alive after `destroy_process_group()`. Suspected, not proven; those tests now live in
+`test_failure_save_sharded.py`, outside the forks_workers group, so no worker is forked
+beside such leftovers. Within each group the order stays the collection order.
 """
 
 from __future__ import annotations
