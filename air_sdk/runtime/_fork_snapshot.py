@@ -180,8 +180,10 @@ class ForkedWrite:
         """Fork; the child writes and exits. Raises OSError if the fork fails.
 
         Call it from the thread that trains: the child dies with the thread that forked
-        it, and CPython clears every other thread's state in the child (their
-        destructors run there)."""
+        it, and CPython clears every other thread's state in the child, which runs the
+        destructors of what they kept (torch's per-thread DTensor sharding cache holds
+        device meshes and through them process groups; a gloo group's destructor waits
+        forever for worker threads the child does not have)."""
         _preload()
         self._forker = threading.current_thread()
         # Anonymous (unlinked) and shared with the child: nothing to clean up after a crash.

@@ -43,14 +43,14 @@ ways (`AIR_CHECKPOINT_SNAPSHOT`, default `copy`):
 * `fork`: the training thread builds the state dict (the `state_dict()` of the
   wrappers above, so lazily created optimizer state exists in this process), the
   ranks agree on who writes which replicated tensor (DCP's dedup), and the training
-  thread forks (forking from another thread would have CPython clear the training
-  thread's state in the child, running destructors there). The child writes this rank's part of the standard DCP layout
-  (`__<rank>_*.distcp`) from its copy-on-write view of memory, with no collective,
-  hands its part of DCP's metadata back, and always leaves with `os._exit`; it dies
-  with the thread that called `save` (PR_SET_PDEATHSIG). The save blocks for the state dict and
-  the fork, not for a copy; the copy is paid later, page by page, by the parent's
-  first write to each page while the child is alive (the next optimizer step), and
-  memory grows by up to one copy of the state until the child exits. See
+  thread forks (from another thread, CPython would clear the training thread's state
+  in the child, running destructors there). The child writes this rank's part of the
+  standard DCP layout (`__<rank>_*.distcp`) from its copy-on-write view of memory,
+  with no collective, hands its part of DCP's metadata back, and always leaves with
+  `os._exit`; it dies with the thread that called `save` (PR_SET_PDEATHSIG). The save
+  blocks for the state dict and the fork, not for a copy; the copy is paid later,
+  page by page, by the parent's first write to each page while the child is alive
+  (the next optimizer step), and memory grows by up to one copy of the state until the child exits. See
   `air_sdk.runtime._fork_snapshot`.
 * `copy`: `dcp.async_save` copies the state into CPU memory, then writes it.
 

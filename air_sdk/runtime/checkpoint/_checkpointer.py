@@ -221,7 +221,6 @@ class Checkpointer:
         )
         self._pending = pending
         pending.thread.start()
-        snapshot.await_snapshot()
 
     def _load(self, state: MutableMapping[str, Any], wanted: int | None) -> int | None:
         import torch.distributed as dist

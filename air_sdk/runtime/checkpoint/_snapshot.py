@@ -9,8 +9,8 @@ Two variants behind one interface (`SnapshotWriter`), picked per save by
   rank's share (`air_sdk.runtime._fork_snapshot`) and goes on; the commit thread waits
   for the child. Each rank hands its part of DCP's metadata to rank 0, which merges them.
 
-The checkpointer calls `begin()` in the training thread, starts the commit thread
-(which calls `finish()`), then `await_snapshot()`; after that the state may change.
+The checkpointer calls `begin()` in the training thread, which returns once the state
+may change, then starts the commit thread, which calls `finish()`.
 
 Example:
     >>> CopySnapshot.name, ForkSnapshot.name, ForkSnapshot.writes_metadata
@@ -56,10 +56,7 @@ class SnapshotWriter(ABC):
         self.blocked_s = 0.0
 
     def begin(self) -> None:  # noqa: B027 - a hook a variant may leave empty
-        """Training thread, before the commit thread starts."""
-
-    def await_snapshot(self) -> None:  # noqa: B027 - a hook a variant may leave empty
-        """Training thread, after the commit thread started: returns once the state may
+        """Training thread, before the commit thread starts: returns once the state may
         change again."""
 
     @abstractmethod
@@ -108,12 +105,8 @@ class CopySnapshot(SnapshotWriter):
 
 class ForkSnapshot(SnapshotWriter):
     """A copy-on-write child writes this rank's `share` of the items (None: all of them,
-    a world of one). The training thread forks it, in `begin()`: in the child, CPython
-    clears the thread state of every thread but the forking one, and that runs the
-    destructors of what those threads kept (torch's per-thread DTensor sharding cache
-    holds device meshes, and through them process groups: a gloo group's destructor
-    waits for worker threads the child does not have, forever). The thread that trains
-    is the one whose state matters; the commit thread only waits for the child."""
+    a world of one). The training thread forks it, in `begin()` (why that thread:
+    `ForkedWrite.start`); the commit thread only waits for the child."""
 
     name = "fork"
     writes_metadata = False
