@@ -20,13 +20,16 @@ worker start, which enables faulthandler first thing, had not run yet, so the wo
 died inside torch's own start-up after `fork()`. It was not reproduced in isolation (280
 forks beside recreated W&B exporter threads and busy torch threads). The loader's
 own crash path is tested (`test_a_worker_that_crashes_in_native_code_prints_where`).
-On 2026-12-03 a DataLoader worker of `test_failure_save.py`'s ShardedDataset test hung
-(300 s, one clean-clone run; not reproduced since, alone or after the full collection).
-Both crashes and this hang came after in-process tests that built DTensors on gloo
-groups: torch's per-thread DTensor cache keeps such a group, and its gloo threads,
-alive after `destroy_process_group()`. Suspected, not proven; those tests now live in
-`test_failure_save_sharded.py`, outside the forks_workers group, so no worker is forked
-beside such leftovers. Within each group the order stays the collection order.
+On 2026-12-03 DataLoader workers hung (300 s) in two full runs in a row, in
+`test_failure_save.py` and `test_runtime_data.py`. The cause: `test_failure_save.py`
+left DDP models in reference cycles holding destroyed gloo groups, and a worker forked
+before this process's next full collection collected them itself; a gloo group's
+destructor in a forked child waits forever for worker threads the child does not have.
+AIR's loaders and fork checkpoint writer now fork with the parent's objects frozen, so
+a child never collects them (air_sdk/runtime/_fork_gc.py, tests/unit/runtime/
+test_fork_gc.py), and the gloo fixtures collect right after destroying their group. The
+SIGSEGVs above may be the same destructor run in a child; not proven.
+Within each group the order stays the collection order.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from air_sdk.errors import CheckpointError
+from air_sdk.runtime._fork_gc import forks_keep_garbage_in_the_parent
 from air_sdk.schema.worker_env import WorkerEnv
 
 if TYPE_CHECKING:
@@ -190,7 +191,8 @@ class ForkedWrite:
         self._result = tempfile.TemporaryFile(prefix="air-ckpt-fork-")  # noqa: SIM115
         parent = os.getpid()
         try:
-            pid = os.fork()
+            with forks_keep_garbage_in_the_parent():
+                pid = os.fork()
         except BaseException:
             self._result.close()
             raise
@@ -315,8 +317,9 @@ def _detach(parent: int) -> None:
 
     from air_sdk.runtime.supervise import set_parent_death_signal
 
-    # No collection here: it would run finalizers of the parent's garbage (a DataLoader
-    # iterator's would signal the parent's workers). The child lives seconds; _exit frees all.
+    # No collection here: it would run finalizers of objects the parent made (a DataLoader
+    # iterator's would signal the parent's workers). What the parent had is frozen
+    # (ForkedWrite.start); what the write makes is freed by _exit. The child lives seconds.
     gc.disable()
     # Tied to the forking thread (the one that called save): see ForkedWrite.wait.
     set_parent_death_signal(signal.SIGKILL)

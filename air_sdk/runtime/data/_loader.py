@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from air_sdk.runtime._fork_gc import forks_keep_garbage_in_the_parent
+
 __all__ = ["ResumableLoader", "StatefulDistributedSampler", "resumable_loader"]
 
 
@@ -220,7 +222,9 @@ class ResumableLoader:
     def __iter__(self) -> Iterator[Any]:
         sampler = self.sampler
         start, end, size = sampler.index, sampler.num_samples, sampler.batch_size
-        for delivered, batch in enumerate(self.loader, start=1):
+        with forks_keep_garbage_in_the_parent():  # the workers fork here
+            batches = iter(self.loader)
+        for delivered, batch in enumerate(batches, start=1):
             sampler.index = min(start + delivered * size, end)
             yield batch
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from air_sdk.runtime._fork_gc import forks_keep_garbage_in_the_parent
 from air_sdk.runtime.data._sharded import ShardedDataset
 from air_sdk.runtime.data.metrics import WorkerCounts, recorder, start_worker, timed
 
@@ -72,7 +73,9 @@ class StreamLoader:
         count = dataset.samples_per_rank(start)
         # timed(): the loop's wait on each batch and the samples it got are the job's
         # data-loading metrics (samples/s, data wait; docs/data.md)
-        for delivered, batch in enumerate(timed(self.loader), start=1):
+        with forks_keep_garbage_in_the_parent():  # the workers fork here
+            batches = iter(self.loader)
+        for delivered, batch in enumerate(timed(batches), start=1):
             dataset._consumed = min(delivered * self.batch_size, count)
             yield batch
         if dataset.epoch == epoch:  # without workers the dataset itself may have moved on

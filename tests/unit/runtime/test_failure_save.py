@@ -6,6 +6,7 @@ step it died in) is in tests/integration/test_resilience_checkpoints.py."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def rank_0_of_two(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Shipper:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield shipper
     dist.destroy_process_group()
+    gc.collect()  # a DDP model in a cycle may hold the group: free it here, beside its threads
 
 
 def make_state(seed: int = 0) -> dict[str, Any]:
