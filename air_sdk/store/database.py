@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import threading
@@ -34,6 +35,8 @@ __all__ = ["Database"]
 BUSY_TIMEOUT_MS = 30_000
 #: SQLite's own default: a commit that leaves more WAL pages than this checkpoints
 AUTOCHECKPOINT_PAGES = 1000
+#: the sleeps between tries of a write lock another process holds (SQLite's own)
+_BUSY_DELAYS_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
 #: what SQLite keeps beside a database in WAL mode (and the rollback journal)
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
@@ -57,6 +60,11 @@ class Database:
         with self._write_lock:
             # the schema version the file had (0: new, or from before numbered migrations)
             self.opened_at_version = migrate(self._writer, self.path)
+            # The writer never waits inside SQLite: `_begin` waits (or not) for another
+            # process's write lock itself, and once begun nothing else in a write
+            # transaction takes a lock. Setting the timeout per transaction instead cost
+            # two statements per report (docs/benchmarks.md, "Ingest").
+            self._writer.execute("PRAGMA busy_timeout=0")
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
@@ -86,7 +94,7 @@ class Database:
             if self._writer.in_transaction:  # only this thread can be in it: we hold the lock
                 yield from self._savepoint()
                 return
-            self._writer.execute("BEGIN IMMEDIATE")
+            self._begin(wait=True)
             try:
                 yield self._writer
             except BaseException:
@@ -138,17 +146,8 @@ class Database:
             yield False
             return
         try:
-            began = False
-            if not self._writer.in_transaction:  # (this thread is not inside a batch)
-                self._writer.execute("PRAGMA busy_timeout=0")
-                try:
-                    self._writer.execute("BEGIN IMMEDIATE")
-                    began = True
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) and "busy" not in str(exc):
-                        raise
-                finally:
-                    self._writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            # (in a transaction already: this thread is inside a batch)
+            began = not self._writer.in_transaction and self._begin(wait=False)
             if not began:
                 yield False
                 return
@@ -160,6 +159,26 @@ class Database:
             self._writer.execute("COMMIT")
         finally:
             self._write_lock.release()
+
+    def _begin(self, *, wait: bool) -> bool:
+        """`BEGIN IMMEDIATE` on the writer: True once begun. While another process holds
+        the file's write lock: with `wait`, retried as SQLite's own busy handler retries
+        (sleeps of 1 ms growing to 100 ms) until `BUSY_TIMEOUT_MS`, then its "database is
+        locked" error; without, False at once."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        for delay_ms in itertools.chain(_BUSY_DELAYS_MS, itertools.repeat(_BUSY_DELAYS_MS[-1])):
+            try:
+                self._writer.execute("BEGIN IMMEDIATE")
+                return True
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if not wait or time.monotonic() >= deadline:
+                    if wait:
+                        raise
+                    return False
+            time.sleep(min(delay_ms / 1000, max(0.0, deadline - time.monotonic())))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def checkpoint_in_background(self, interval_s: float = 0.5) -> Callable[[], None]:
         """Take WAL checkpoints off the writers: SQLite runs one inside the COMMIT that

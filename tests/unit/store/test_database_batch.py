@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from air_sdk.store import database
 from air_sdk.store.database import AUTOCHECKPOINT_PAGES, Database
 
 
@@ -91,10 +92,48 @@ def test_batch_now_does_not_wait_for_a_writer_in_another_process(tmp_path: Path)
     finally:
         other.execute("ROLLBACK")
         other.close()
-    # the writer waits for other processes again as before (its busy timeout is back)
-    assert db._writer.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
     with db.batch_now() as began:
         assert began is True
+
+
+def test_a_write_waits_for_a_writer_in_another_process_then_commits(tmp_path: Path) -> None:
+    db = Database(tmp_path / "air.db")
+    other = sqlite3.connect(tmp_path / "air.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    done = threading.Event()
+
+    def write() -> None:
+        _add(db, "waited")
+        done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        assert not done.wait(0.5)  # it waits for the other writer...
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert done.wait(10)  # ...and goes on once that one is done
+    thread.join(10)
+    assert _tenants(db) == ["default", "waited"]
+
+
+def test_a_write_gives_up_after_the_busy_timeout_saying_the_database_is_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 300)
+    db = Database(tmp_path / "air.db")
+    other = sqlite3.connect(tmp_path / "air.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            _add(db, "never")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert _tenants(db) == ["default"]
+    _add(db, "later")
+    assert _tenants(db) == ["default", "later"]
 
 
 def test_checkpoints_in_the_background_keep_the_wal_short_and_stop_cleanly(
