@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import air_sdk
 from air_sdk.export.service import ExportService
@@ -158,12 +158,25 @@ SystemAdminDep = Annotated[Principal, Depends(require_system_admin)]
 
 class GatewayApp(FastAPI):
     """FastAPI with the worker report route in front of its middleware stack
-    (`air_sdk.gateway.report_shortcut`): the same guards, called directly."""
+    (`air_sdk.gateway.report_shortcut`): the same guards, called directly. Once the
+    stack is built, a report goes to the shortcut straight from here, past FastAPI's and
+    Starlette's own entry (FastAPI looks up its OpenTelemetry providers on every
+    request: reports are not traced)."""
 
     def build_middleware_stack(self) -> ASGIApp:
         from air_sdk.gateway.routes import ingest_worker_report
 
         return ReportShortcut.around(super().build_middleware_stack(), ingest_worker_report)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        shortcut = self.middleware_stack
+        if type(shortcut) is ReportShortcut and not self.root_path:
+            match = shortcut.match(scope)
+            if match is not None:
+                scope["app"] = self  # as Starlette sets it
+                await shortcut.answer(match, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(

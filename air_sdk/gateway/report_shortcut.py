@@ -97,13 +97,24 @@ class ReportShortcut:
             body=found[BodySizeMiddleware],
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = None
+    @staticmethod
+    def match(scope: Scope) -> re.Match[str] | None:
+        """The report route's match of `scope` (job id, attempt), or None."""
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _REPORT.fullmatch(scope["path"])
+            return _REPORT.fullmatch(scope["path"])
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = self.match(scope)
         if match is None:
             await self.app(scope, receive, send)
             return
+        await self.answer(match, scope, receive, send)
+
+    async def answer(
+        self, match: re.Match[str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Answer a report request (`match` from `match(scope)`)."""
         started = False
 
         async def watched_send(message: Message) -> None:
