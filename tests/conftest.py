@@ -36,6 +36,9 @@ from __future__ import annotations
 
 import pytest
 
+# the run stops after a few tests timed out (tests/stop_on_timeouts.py)
+pytest_plugins = ["stop_on_timeouts"]
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def group(item: pytest.Item) -> int:
