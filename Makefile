@@ -27,7 +27,7 @@ DOCTEST_PATHS := air_sdk/schema air_sdk/scheduler air_sdk/bundle air_sdk/client 
 	air_sdk/runtime/data/_index.py air_sdk/runtime/data/_order.py \
 	air_sdk/runner/node_probe.py air_sdk/runner/failure_saves.py air_sdk/runner/job_paths.py \
 	air_sdk/gateway/server.py air_sdk/runtime/checkpoint/hf_export.py \
-	air_sdk/gateway/services/report_body.py
+	air_sdk/gateway/services/report_body.py air_sdk/runtime/_fork_gc.py
 
 $(STAMP): pyproject.toml
 	@echo "==> setting up $(VENV) (the first time takes about 2 minutes; later runs skip this)"

@@ -33,14 +33,13 @@ __all__ = ["forks_keep_garbage_in_the_parent"]
 def forks_keep_garbage_in_the_parent() -> Iterator[None]:
     """Children forked inside this block never collect the parent's garbage.
 
-        Example:
-            >>> import gc
-    import os
-            >>> with forks_keep_garbage_in_the_parent():
-            ...     gc.get_freeze_count() > 0
-            True
-            >>> gc.get_freeze_count()
-            0
+    Example:
+        >>> import gc
+        >>> with forks_keep_garbage_in_the_parent():
+        ...     gc.get_freeze_count() > 0
+        True
+        >>> gc.get_freeze_count()
+        0
     """
     if gc.get_freeze_count() > 0:  # the process manages freezing itself
         yield
