@@ -173,10 +173,10 @@ class Database:
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
                     raise
-                if not wait or time.monotonic() >= deadline:
-                    if wait:
-                        raise
+                if not wait:
                     return False
+                if time.monotonic() >= deadline:
+                    raise
             time.sleep(min(delay_ms / 1000, max(0.0, deadline - time.monotonic())))
         raise AssertionError("unreachable")  # pragma: no cover
 
