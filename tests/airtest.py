@@ -207,3 +207,34 @@ def torchrun_ranks(
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout + done.stderr
+
+
+def run_in_own_session(
+    script: Path, *args: str, env: dict[str, str], timeout_s: float, on_hang: str
+) -> str:
+    """`python SCRIPT ARGS` in a session of its own; its output (stdout and stderr
+    together). Still running after `timeout_s`, the whole session is killed (a hung
+    child of it too: `subprocess.run(timeout=)` would wait on the pipes a grandchild
+    holds) and the test fails with `on_hang` and the output; a non-zero exit fails it."""
+    import signal
+    import subprocess
+    import sys
+
+    import pytest
+
+    with subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"{on_hang}:\n{out}")
+    assert proc.returncode == 0, out
+    return out

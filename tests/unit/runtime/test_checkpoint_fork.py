@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airtest import torchrun_two_ranks
+from airtest import run_in_own_session, torchrun_two_ranks
 from test_runtime_checkpoint import FailingStorage, Recorder, make_state, params, train
 
 torch = pytest.importorskip("torch")
@@ -172,22 +171,13 @@ def run_script(tmp_path: Path, text: str) -> str:
     script.write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIR_")}
     env["AIR_CHECKPOINT_SNAPSHOT"] = "fork"
-    with subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "ckpt")],
+    return run_in_own_session(
+        script,
+        str(tmp_path / "ckpt"),
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # a hung writer is killed with it
-    ) as proc:
-        try:
-            out, _ = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            pytest.fail(f"the fork save never finished:\n{out}")
-    assert proc.returncode == 0, out
-    return out
+        timeout_s=120,
+        on_hang="the fork save never finished",
+    )
 
 
 def test_a_writer_dies_with_the_thread_that_saved_and_the_save_says_so(tmp_path: Path) -> None:

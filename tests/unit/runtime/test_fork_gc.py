@@ -11,12 +11,10 @@ in a process of its own, so a hang fails that process, not the suite."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from airtest import run_in_own_session
 
 pytest.importorskip("torch")
 
@@ -97,22 +95,13 @@ def run_script(tmp_path: Path, text: str, **env: str) -> str:
     tests = Path(__file__).resolve().parents[2]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AIR_")}
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tests), environ.get("PYTHONPATH")]))
-    with subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)],
+    return run_in_own_session(
+        script,
+        str(tmp_path),
         env={**environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # a hung child of it is killed with it
-    ) as proc:
-        try:
-            out, _ = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            pytest.fail(f"the forked process never finished (it collected the group?):\n{out}")
-    assert proc.returncode == 0, out
-    return out
+        timeout_s=90,
+        on_hang="the forked process never finished (it collected the group?)",
+    )
 
 
 def test_resumable_loader_workers_leave_a_dead_gloo_group_to_the_parent(tmp_path: Path) -> None:
