@@ -166,7 +166,8 @@ class Database:
         (sleeps of 1 ms growing to 100 ms) until `BUSY_TIMEOUT_MS`, then its "database is
         locked" error; without, False at once."""
         deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        for delay_ms in itertools.chain(_BUSY_DELAYS_MS, itertools.repeat(_BUSY_DELAYS_MS[-1])):
+        delays_ms = itertools.chain(_BUSY_DELAYS_MS, itertools.repeat(_BUSY_DELAYS_MS[-1]))
+        while True:
             try:
                 self._writer.execute("BEGIN IMMEDIATE")
                 return True
@@ -177,8 +178,7 @@ class Database:
                     return False
                 if time.monotonic() >= deadline:
                     raise
-            time.sleep(min(delay_ms / 1000, max(0.0, deadline - time.monotonic())))
-        raise AssertionError("unreachable")  # pragma: no cover
+            time.sleep(min(next(delays_ms) / 1000, max(0.0, deadline - time.monotonic())))
 
     def checkpoint_in_background(self, interval_s: float = 0.5) -> Callable[[], None]:
         """Take WAL checkpoints off the writers: SQLite runs one inside the COMMIT that
