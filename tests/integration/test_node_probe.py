@@ -38,14 +38,18 @@ air.log(step=1, loss=1.0)
 air.shutdown()
 """
 
-#: rank on the node named in argv[1] exits 3, the others wait to be stopped
+#: the rank on a node the file argv[1] names exits 3 (once it does), the others wait to
+#: be stopped
 CRASH_ON = """
-import os, sys, time
+import os, pathlib, sys, time
 import air_sdk.runtime as air
 air.init()
-if os.environ["AIR_NODE_NAME"] == sys.argv[1]:
-    sys.exit(3)
-time.sleep(600)
+bad = pathlib.Path(sys.argv[1])
+deadline = time.time() + 600
+while time.time() < deadline:
+    if os.environ["AIR_NODE_NAME"] in bad.read_text().split():
+        sys.exit(3)
+    time.sleep(0.1)
 """
 
 
@@ -120,7 +124,6 @@ def test_a_failing_probe_keeps_its_node_out_until_it_passes(probed, tmp_path):
 def test_a_job_failing_on_a_node_whose_probe_fails_is_requeued_without_it(probed, tmp_path):
     gw, admin, bad = probed
     wait_for(lambda: node(admin, "node-1").healthy, 60, "node-1 healthy")
-    bad.write_text("node-1\n")
     job = submit(
         admin,
         tmp_path,
@@ -128,8 +131,12 @@ def test_a_job_failing_on_a_node_whose_probe_fails_is_requeued_without_it(probed
         "crash-on-1",
         resources=Resources(nodes=2),
         max_restarts=3,
-        args=["node-1"],
+        args=[str(bad)],
     )
+    # Marked bad once the job runs on it: marked before, the periodic probe could take
+    # node-1 out before the job was placed, which would then wait for two nodes instead.
+    wait_for(lambda: job.status() is JobState.RUNNING, 120, "the job running on both nodes")
+    bad.write_text("node-1\n")
     # the failure on node-1 sends the job back to the queue without node-1
     wait_for(
         lambda: "without unhealthy node node-1" in (job.record().state_reason or ""),
