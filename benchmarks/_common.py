@@ -127,9 +127,13 @@ def header(title: str) -> str:
 
 @contextmanager
 def air_gateway(
-    num_nodes: int = 2, slots_per_node: int = 1, home: Path | None = None
+    num_nodes: int = 2,
+    slots_per_node: int = 1,
+    home: Path | None = None,
+    **options: Any,
 ) -> Iterator[tuple[Any, Any, Path]]:
-    """A real detached gateway (subprocess, free port, temporary home).
+    """A real detached gateway (subprocess, free port, temporary home); `options` are
+    more `GatewayOptions` fields.
 
     Yields (Client, GatewayProcess, home); stops the gateway and removes the home after.
     """
@@ -147,6 +151,7 @@ def air_gateway(
         # the benchmarks' jobs write their results to the host's temporary directory,
         # which a sandboxed rank's private /tmp would hide (the home stays hidden)
         sandbox_binds=[Path(tempfile.gettempdir())],
+        **options,
     )
     gw = start_detached(opts)
     client = Client(gw.url, gw.token)

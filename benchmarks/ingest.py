@@ -2,18 +2,24 @@
 
 How: start a real gateway (subprocess, temp home) and submit a 1-rank job whose
 script writes its attempt's env (AIR_JOB_ID, AIR_ATTEMPT, AIR_GATEWAY_URL,
-AIR_JOB_TOKEN) to a 0600 file and then sleeps. With that worker token, K
-client processes POST `WorkerReport` bodies, byte for byte what the runtime's
-shipper sends (B points of 3 values each; msgpack with columnar points, its
-default, and with `--formats msgpack,json` also its JSON), to
-`/v1/jobs/{id}/attempts/{n}/report` for `--duration` seconds, so every post
-goes through the gateway's token check, validation and SQLite transaction. In
-the same run, interleaved, the same clients post the JSON bodies to a peer: a
-minimal FastAPI + uvicorn app (started from this file) that parses the JSON and
-appends one SQLite row per point.
+AIR_JOB_TOKEN) to a 0600 file and then sleeps. With that worker token, K client
+processes, as K ranks of the job (or, with `--job-per-client`, each with a job of its
+own), POST `WorkerReport` bodies, byte for byte what the runtime's shipper sends (B
+points of 3 values each; msgpack with columnar points, its default, and with
+`--formats msgpack,json` also its JSON), to `/v1/jobs/{id}/attempts/{n}/report` for
+`--duration` seconds, so every post goes through the gateway's token check,
+validation and SQLite transaction. The ranks of a job share its worker token, whose
+rate limit (2,000 reports/s by default) would be measured instead of the gateway, so
+the benchmark's gateway has it raised. In the
+same run, interleaved, the same clients post the JSON bodies to a peer: a minimal
+FastAPI + uvicorn app (started from this file) that parses the JSON and appends one
+SQLite row per point.
 
-Clients use `http.client` keep-alive connections (lighter than requests, so
-more of the 2 cores is left to the servers) and time each request.
+Clients keep one HTTP/1.1 connection each and time each request. By default they
+send requests written out beforehand on a plain socket and read each answer's status
+line, headers and body (`--client raw`): a tenth of `http.client`'s CPU a request
+(`--client http.client`, what runs before 2026-12-03 used), so more of the 2 cores is
+left to the servers, as it would be with ranks on other machines.
 
     .venv/bin/python benchmarks/ingest.py --runs 2 --duration 6
     .venv/bin/python benchmarks/ingest.py --profile      # adds a py-spy profile of the gateway
@@ -29,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +47,8 @@ from typing import Any
 
 # At module level: FastAPI resolves the peer's string annotations from these globals.
 from fastapi import FastAPI, Request, Response
+
+from air_sdk.gateway_config import RateLimit, RequestLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
@@ -204,7 +213,10 @@ def client_task(
     start_at: float,
     duration: float,
     body_format: str = "json",
+    client: str = "raw",
 ) -> dict[str, Any]:
+    if client == "raw":
+        return raw_client_task(port, path, token, num_points, rank, start_at, duration, body_format)
     bodies = make_bodies(num_points, rank, body_format)
     headers = {"Content-Type": CONTENT_TYPES[body_format]}
     if token:
@@ -238,20 +250,129 @@ def client_task(
     return {"lat_ns": lat.tobytes(), "statuses": dict(statuses), "first": first, "last": last}
 
 
-def measure(
-    pool: ProcessPoolExecutor,
+class _RawConnection:
+    """One keep-alive HTTP/1.1 connection that sends requests written out beforehand and
+    reads each answer's status line, headers and body (Content-Length, or none for a
+    204): what `http.client` does for these posts, at a fraction of its CPU."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock: socket.socket | None = None
+        self.buf = b""
+
+    def request(self, raw: bytes) -> int:
+        if self.sock is None:
+            self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.buf = b""
+        self.sock.sendall(raw)
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            self._more()
+        head, self.buf = self.buf[:end], self.buf[end + 4 :]
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+            elif name.strip().lower() == b"transfer-encoding":
+                raise http.client.HTTPException("chunked answers are not read here")
+        while len(self.buf) < length:
+            self._more()
+        self.buf = self.buf[length:]
+        return status
+
+    def _more(self) -> None:
+        assert self.sock is not None
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise http.client.HTTPException("the server closed the connection")
+        self.buf += chunk
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def raw_client_task(
     port: int,
     path: str,
     token: str | None,
+    num_points: int,
+    rank: int,
+    start_at: float,
+    duration: float,
+    body_format: str = "json",
+) -> dict[str, Any]:
+    """`client_task` over `_RawConnection`: the same bodies and headers, each request's
+    bytes written once before the clock starts."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept-Encoding: identity\r\n"
+        f"Content-Type: {CONTENT_TYPES[body_format]}\r\n"
+    )
+    if token:
+        head += f"Authorization: Bearer {token}\r\n"
+    requests = [
+        f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+        for body in make_bodies(num_points, rank, body_format)
+    ]
+    conn = _RawConnection(port)
+    lat = array.array("q")
+    statuses: collections.Counter[int] = collections.Counter()
+    while time.time() < start_at:
+        time.sleep(0.001)
+    clock = time.perf_counter_ns
+    first = time.time()
+    end = first + duration
+    k = 0
+    while time.time() < end:
+        raw = requests[k % NUM_DISTINCT_BODIES]
+        k += 1
+        t = clock()
+        try:
+            status = conn.request(raw)
+        except (OSError, ValueError, IndexError, http.client.HTTPException):
+            status = 0
+            conn.close()
+        lat.append(clock() - t)
+        statuses[status] += 1
+    last = time.time()
+    conn.close()
+    return {"lat_ns": lat.tobytes(), "statuses": dict(statuses), "first": first, "last": last}
+
+
+def measure(
+    pool: ProcessPoolExecutor,
+    port: int,
+    path: str | list[str],
+    token: str | None | list[str],
     num_points: int,
     num_clients: int,
     duration: float,
     ok_status: int = 204,
     body_format: str = "json",
+    client: str = "raw",
 ) -> dict[str, Any]:
+    """Post from `num_clients` processes at once; with lists of paths and tokens, client
+    i posts to the i-th (its own job)."""
+    paths = path if isinstance(path, list) else [path] * num_clients
+    tokens = token if isinstance(token, list) else [token] * num_clients
     start_at = time.time() + 0.5
     futures = [
-        pool.submit(client_task, port, path, token, num_points, i, start_at, duration, body_format)
+        pool.submit(
+            client_task,
+            port,
+            paths[i],
+            tokens[i],
+            num_points,
+            i,
+            start_at,
+            duration,
+            body_format,
+            client,
+        )
         for i in range(num_clients)
     ]
     results = [f.result() for f in futures]
@@ -395,7 +516,7 @@ def py_spy_path() -> str | None:
 
 
 class Sleepers:
-    """Fresh 1-rank sleeper jobs, one per AIR measurement.
+    """Fresh 1-rank sleeper jobs, one per client of each AIR measurement.
 
     A fresh job per measurement keeps one measurement's points from slowing the
     next: the job's controller re-reads the job's event log every tick (see
@@ -528,6 +649,20 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also post to uvicorn + a bare ASGI 204 (the HTTP stack's own ceiling)",
     )
+    p.add_argument(
+        "--client",
+        choices=("raw", "http.client"),
+        default="raw",
+        help="how the client processes post: requests written out beforehand on a plain"
+        " socket (raw, the default: least CPU, so more of the cores is left to the servers),"
+        " or the standard library's http.client (what runs before 2026-12-03 used)",
+    )
+    p.add_argument(
+        "--job-per-client",
+        action="store_true",
+        help="each client posts as the rank of a job of its own (default: all of them as"
+        " the ranks of one job, as a large job's ranks do)",
+    )
     p.add_argument("--serve-peer", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-floor", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--peer-db", default=None, help=argparse.SUPPRESS)
@@ -550,7 +685,16 @@ def main(argv: list[str] | None = None) -> None:
     soak: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []
     try:
-        with air_gateway(num_nodes=1, slots_per_node=1) as (client, gw, _home):
+        slots = max(client_counts) if a.job_per_client else 1
+        # The ranks of a job share its worker token, whose rate limit (2,000 reports/s by
+        # default, `RequestLimits.worker_rate`) would be measured instead of the gateway:
+        # a shipper over it sends fewer, larger reports. So it is raised here.
+        limits = RequestLimits(worker_rate=RateLimit(per_s=100_000, burst=200_000))
+        with air_gateway(num_nodes=1, slots_per_node=slots, limits=limits) as (
+            client,
+            gw,
+            _home,
+        ):
             sleepers = Sleepers(client, gw.url, tmp)
             pool = ProcessPoolExecutor(
                 max_workers=max(client_counts), mp_context=get_context("spawn")
@@ -560,10 +704,21 @@ def main(argv: list[str] | None = None) -> None:
                 def run(
                     name: str, num_points: int, num_clients: int, duration: float
                 ) -> dict[str, Any]:
-                    job = None
+                    jobs: list[Any] = []
                     body_format = "json"
                     if name.startswith("air"):
-                        job, target = sleepers.start()
+                        # the clients are ranks of one job (sharing its worker token), or
+                        # each the rank of a job of its own
+                        started = [
+                            sleepers.start() for _ in range(num_clients if a.job_per_client else 1)
+                        ]
+                        jobs = [job for job, _ in started]
+                        port, _, _ = started[0][1]
+                        target = (
+                            port,
+                            [started[i % len(started)][1][1] for i in range(num_clients)],
+                            [started[i % len(started)][1][2] for i in range(num_clients)],
+                        )
                         pid = gw.pid
                         body_format = name.split("-", 1)[1]
                     elif name == "floor" and floor is not None:
@@ -578,10 +733,11 @@ def main(argv: list[str] | None = None) -> None:
                         num_clients,
                         duration,
                         body_format=body_format,
+                        client=a.client,
                     )
                     m["server_cpu_cores"] = (_cpu_s(pid) - cpu0) / m["elapsed_s"]
                     m["load_1m"] = os.getloadavg()[0]
-                    if job is not None:
+                    for job in jobs:
                         sleepers.stop(job)
                     return m
 

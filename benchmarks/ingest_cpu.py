@@ -6,6 +6,7 @@ no sockets), so it compares two versions of the code: run it on each checkout,
 interleaved, and compare the medians.
 
     .venv/bin/python benchmarks/ingest_cpu.py --rounds 5 --reports 1500
+    .venv/bin/python benchmarks/ingest_cpu.py --together 4  # 4 reports at a time: one commit
     .venv/bin/python benchmarks/ingest_cpu.py --pages 50   # WAL pages a report's commit writes, by b-tree
 
 It measures only what the app does per report (guards, token check, parsing, checks,
@@ -86,20 +87,26 @@ class Poster:
         await self.app(scope, receive, send)
         return status[0]
 
-    async def post_many(self, count: int) -> None:
-        for i in range(count):
-            status = await self.post(self.bodies[i % len(self.bodies)])
-            if status != 204:
-                raise SystemExit(f"the gateway answered {status}")
+    async def post_many(self, count: int, together: int = 1) -> None:
+        """`count` reports, `together` at a time (as that many ranks posting at once)."""
+        for i in range(0, count, together):
+            statuses = await asyncio.gather(
+                *(
+                    self.post(self.bodies[k % len(self.bodies)])
+                    for k in range(i, min(count, i + together))
+                )
+            )
+            if set(statuses) != {204}:
+                raise SystemExit(f"the gateway answered {sorted(set(statuses))}")
 
 
-def cpu_per_report(poster: Poster, rounds: int, reports: int) -> list[float]:
+def cpu_per_report(poster: Poster, rounds: int, reports: int, together: int = 1) -> list[float]:
     async def run() -> list[float]:
         await poster.post_many(200)  # warm: statement cache, verdicts, imports
         per = []
         for _ in range(rounds):
             began = time.process_time()
-            await poster.post_many(reports)
+            await poster.post_many(reports, together)
             per.append((time.process_time() - began) / reports * 1e6)
         return per
 
@@ -133,6 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reports", type=int, default=1500, help="reports per round")
     p.add_argument("--points", type=int, default=100, help="points per report")
+    p.add_argument(
+        "--together",
+        type=int,
+        default=1,
+        help="reports posted at once (the gateway commits those that arrive together as one)",
+    )
     p.add_argument("--pages", type=int, default=0, help="count WAL pages of this many reports")
     args = p.parse_args(argv)
     poster = Poster(args.points)
@@ -140,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, per in pages_per_report(poster, args.pages).items():
             print(f"{per:5.2f} pages a report  {name}")
         return
-    per = cpu_per_report(poster, args.rounds, args.reports)
+    per = cpu_per_report(poster, args.rounds, args.reports, args.together)
     print(
         f"CPU per {args.points}-point report: median {statistics.median(per):.0f} us,"
         f" min {min(per):.0f} us (rounds: {', '.join(f'{x:.0f}' for x in per)})"
