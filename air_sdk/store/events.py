@@ -24,7 +24,7 @@ from typing import Any
 
 from air_sdk.redact import Redactor, secret_values
 from air_sdk.schema import Event, EventPayload, EventType, FailureInfo
-from air_sdk.schema.columns import COLUMNS_KEY, SerializedMetrics, points_form
+from air_sdk.schema.columns import COLUMNS_KEY, SerializedMetrics, points_form, stored_data
 from air_sdk.schema.events import event_type_of
 from air_sdk.schema.numbers import json_data, loads_data
 from air_sdk.store.database import Database
@@ -127,10 +127,12 @@ class EventLog:
         now = time.time()
         with self._db.tx() as c:
             for payload in items:
+                data: str | bytes
                 if isinstance(payload, SerializedMetrics):
-                    etype, data_json = EventType.METRICS, payload.data_json
+                    etype, data, size = EventType.METRICS, payload.data, len(payload.data)
                 else:
-                    etype, data_json = event_type_of(payload), payload.model_dump_json()
+                    etype, data = event_type_of(payload), payload.model_dump_json()
+                    size = utf8_len(data)
                 column = COUNTED.get(etype)
                 if column is None:
                     seq = c.execute(
@@ -141,7 +143,7 @@ class EventLog:
                     seq, used = c.execute(
                         f"UPDATE jobs SET last_seq = last_seq + 1, {column} = {column} + ?"
                         f" WHERE id = ? RETURNING last_seq, {column}",
-                        (utf8_len(data_json), job_id),
+                        (size, job_id),
                     ).fetchone()
                 c.execute(
                     "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -152,7 +154,7 @@ class EventLog:
                         etype.value,
                         attempt,
                         rank,
-                        data_json,
+                        data,
                     ),
                 )
                 self._last_seq[job_id] = seq
@@ -278,8 +280,11 @@ class EventLog:
         return {r["rank"]: r["active_ts"] for r in rows}
 
 
-def _data(etype: str, text: str) -> dict[str, Any]:
+def _data(etype: str, text: str | bytes) -> dict[str, Any]:
     """A stored event's data as readers take it: a `metrics` event stored from a binary
-    report's columns read as the points a `MetricsBatch` writes (`points_form`)."""
+    report's columns (msgpack, `PointColumns.stored`; JSON text before schema version
+    10) read as the points a `MetricsBatch` writes."""
+    if isinstance(text, bytes):
+        return stored_data(text)
     data = loads_data(text)
     return points_form(data) if etype == "metrics" and COLUMNS_KEY in data else data

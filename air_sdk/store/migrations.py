@@ -151,6 +151,12 @@ def _columnar_metrics(c: sqlite3.Connection) -> None:
     version number makes it refuse the database instead."""
 
 
+def _binary_metrics(c: sqlite3.Connection) -> None:
+    """No change of schema: from this version a `metrics` event of a binary report
+    holds its columns as msgpack bytes (`PointColumns.stored`), where version 9 wrote
+    them as JSON text (both are read); an older AIR would fail to read them."""
+
+
 #: every migration, oldest first: the database's version is how many it has had
 MIGRATIONS: tuple[Migration, ...] = (
     _first_tables,
@@ -162,6 +168,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _rank_finished,
     _slo_burning,
     _columnar_metrics,
+    _binary_metrics,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -81,9 +81,34 @@ def parse_report(body: bytes, content_type: str | None) -> ParsedReport:
     )
 
 
+def _decode(body: bytes) -> tuple[Any, bytes | None]:
+    """The body decoded, and the bytes its columns were encoded in (kept as they came:
+    the store keeps them, so they are never encoded again). Key by key, to know where the
+    columns lie; anything but a map of string keys with nothing after it is decoded
+    again in one call, which refuses it as it always did."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(body) or 1)
+    unpacker.feed(body)
+    try:
+        data: dict[str, Any] = {}
+        raw_columns = None
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if not isinstance(key, str):
+                raise ValueError("a key that is not a string")
+            start = unpacker.tell()
+            data[key] = unpacker.unpack()
+            if key == COLUMNS_KEY:
+                raw_columns = body[start : unpacker.tell()]
+        if unpacker.tell() != len(body):
+            raise ValueError("extra data")
+        return data, raw_columns
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return msgpack.unpackb(body, raw=False, strict_map_key=True), None
+
+
 def _parse_msgpack(body: bytes) -> ParsedReport:
     try:
-        data: Any = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        data, raw_columns = _decode(body)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise ApiError(
             422, f"not a msgpack WorkerReport: the body does not decode ({exc})"
@@ -102,7 +127,7 @@ def _parse_msgpack(body: bytes) -> ParsedReport:
     if columns is None:
         return ParsedReport(report, body_format="msgpack")
     try:
-        checked = PointColumns.check(columns)
+        checked = PointColumns.check(columns, raw=raw_columns)
     except ValueError as exc:
         raise ApiError(422, f"not a WorkerReport: {exc}") from None
     return ParsedReport(report, checked if checked.num_points else None, "msgpack")

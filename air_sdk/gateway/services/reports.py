@@ -3,7 +3,7 @@ parsed, every secret of the job and any AIR token scrubbed from its text (a func
 return value holding one is refused: a pickle cannot be edited), then stored.
 
 The body is JSON or msgpack (`air_sdk.gateway.services.report_body`); a msgpack
-report's points are stored as the columns they came in (`PointColumns.stored_json`),
+report's points are stored as the columns they came in (`PointColumns.stored`),
 and read back as the same `metrics` event a JSON report's points make.
 
 Example:
@@ -70,7 +70,7 @@ def ingest_report(
     items: list[EventPayload | SerializedMetrics] = list(report.payloads())
     if parsed.columns is not None:  # stored as columns; read back as a MetricsBatch's points
         data_json = report.data.model_dump_json() if report.data is not None else "null"
-        metrics = parsed.columns.stored_json(
+        metrics = parsed.columns.stored(
             dropped_points=report.dropped_points, data_json=data_json
         )
         items = [metrics, *(p for p in items if not isinstance(p, MetricsBatch))]

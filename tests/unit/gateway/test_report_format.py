@@ -211,6 +211,8 @@ def _report(**columns: Any) -> bytes:
 MALFORMED: list[tuple[str, bytes, str]] = [
     ("truncated", _report()[:-5], "the body does not decode"),
     ("not a map", msgpack.packb([1, 2, 3]), "a map, not list"),
+    ("extra data", _report() + b"\x01", "the body does not decode"),
+    ("a number as a key", msgpack.packb({1: 2, "rank": 0}), "the body does not decode"),
     ("short ts", _report(ts=[1.0]), "columns.ts has 1 entries for 2 steps"),
     (
         "short values",
@@ -244,6 +246,24 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ),
     ("bad field", msgpack.packb({"rank": -1, "columns": _columns()}), "rank"),
 ]
+
+
+def _twice(first: dict[str, Any], last: dict[str, Any]) -> bytes:
+    """A report map with the key "columns" twice: decoders keep the last."""
+    return b"".join(
+        [b"\x83", msgpack.packb("rank"), msgpack.packb(0)]
+        + [msgpack.packb("columns") + msgpack.packb(c) for c in (first, last)]
+    )
+
+
+def test_columns_given_twice_are_checked_and_stored_as_the_last(gateway: Gateway) -> None:
+    # The store keeps the bytes the columns came in: they must be the ones checked.
+    bad, good = _columns(values=[[0.5, "high"], [0.1, 0.1]]), _columns(step=[7, 8])
+    r = gateway.post(_twice(good, bad), MSGPACK)
+    assert r.status_code == 422 and "must hold numbers or None" in r.text
+    assert gateway.metric_points() == []
+    assert gateway.post(_twice(bad, good), MSGPACK).status_code == 204
+    assert [p["step"] for p in gateway.metric_points()] == [7, 8]
 
 
 @pytest.mark.parametrize(("case", "body", "says"), MALFORMED, ids=[m[0] for m in MALFORMED])

@@ -281,3 +281,53 @@ def test_gateways_opening_a_new_database_at_once_migrate_it_once(tmp_path):
     # was created once
     assert sorted(opened)[0] == 0 and opened.count(0) == 1
     assert [t.id for t in SqliteStore(path).list_tenants()] == ["default"]
+
+
+def test_metrics_stored_as_json_columns_by_version_9_read_as_the_msgpack_ones(tmp_path):
+    # Version 9 stored a binary report's columns as JSON text; 10 keeps the msgpack bytes.
+    import msgpack
+
+    from air_sdk.schema.columns import PointColumns, to_columns
+
+    store = SqliteStore(tmp_path / "air.db")
+    job, _ = store.create_job(JobSpec(entrypoint="t.py"), tenant="default")
+    store.transition(job.id, JobState.SCHEDULED, "placed")
+    placement = Placement(job_id=job.id, nodes=(NodeAssignment(node="n0", slots=1),))
+    attempt, _ = store.start_attempt(job.id, placement)
+    points = [(1, 1.5, {"loss": 0.5, "lr": float("nan")}), (2, 2.5, {"loss": float("inf")})]
+    text = (
+        '{"columns":{"names":["loss","lr"],"step":[1,2],"ts":[1.5,2.5],'
+        '"values":[[0.5,"Infinity"],["NaN",null]]},"dropped_points":3,"data":null}'
+    )
+    with store._db.tx() as c:  # a row as version 9 wrote it
+        seq = c.execute(
+            "UPDATE jobs SET last_seq = last_seq + 1 WHERE id = ? RETURNING last_seq", (job.id,)
+        ).fetchone()[0]
+        c.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (job.id, seq, 1.0, "metrics", attempt, 0, text),
+        )
+    raw = msgpack.packb(to_columns(points))
+    stored = PointColumns.check(msgpack.unpackb(raw), raw=raw).stored(
+        dropped_points=3, data_json="null"
+    )
+    store.append_worker_events(job.id, attempt, 0, [stored], 2, progress=True)
+    kinds = store._db.read(
+        "SELECT typeof(data) FROM events WHERE job_id = ? AND type = 'metrics' ORDER BY seq",
+        (job.id,),
+    )
+    assert [k[0] for k in kinds] == ["text", "blob"]
+    old, new = [e.data for e in store.read_events(job.id) if e.type is EventType.METRICS]
+    assert (
+        old
+        == new
+        == {
+            "points": [
+                {"step": 1, "ts": 1.5, "values": {"loss": 0.5, "lr": "NaN"}},
+                {"step": 2, "ts": 2.5, "values": {"loss": "Infinity"}},
+            ],
+            "dropped_points": 3,
+            "data": None,
+        }
+    )
+    store.close()
