@@ -1,29 +1,36 @@
-"""Worker reports ingested on the event loop when the store is free, else by one writer
-thread that commits them in groups.
+"""Worker reports checked and parsed on the event loop, then committed in groups: on the
+loop when the store is free, else by one writer thread.
 
 Every rank of every job posts a report about twice a second. Handing each report to a
 pool thread cost, per report, a thread hand-off each way (two wake-ups and the GIL
 passed back and forth): a third of the gateway's CPU per 100-point report, more than
-the report's own work (docs/benchmarks.md, "Ingest"). So a report is ingested
-(`ingest_report`: token, fencing, parsing, scrubbing, the same as before) right on
-the loop when the store's writer can be had without waiting (`Database.batch_now`:
-no other thread holds it, no other process holds the file) and nothing is queued
-before it. Its commit then never stalls on a WAL checkpoint: the gateway takes those
-in a thread of their own (`Database.checkpoint_in_background`); and a report that
-takes its job past a storage quota, whose trim deletes megabytes of old events, is
-undone there and handed to the thread (`TrimNeeded`).
+the report's own work (docs/benchmarks.md, "Ingest"). So a report is checked and
+parsed (`prepare_report`: token, fencing, body, scrubbing) right on the loop as it
+arrives, which answers a refused one (401, 409, 415, 422) at once, and joins the
+reports gathered in this turn of the loop. Once the loop has run every request that
+was ready, they are written in one transaction (`store_report`, each report its own
+savepoint), right there when the store's writer can be had without waiting
+(`Database.batch_now`: no other thread holds it, no other process holds the file) and
+nothing is queued before them. A commit shares its fixed costs (BEGIN, COMMIT, the
+file's header page, the job's row, the heartbeat and index pages) among the reports
+that arrived together: under load, the clients whose answers went out together post
+again together, so the groups grow by themselves. The commit never stalls on a WAL
+checkpoint: the gateway takes those in a thread of their own
+(`Database.checkpoint_in_background`); and a report that takes its job past a storage
+quota, whose trim deletes megabytes of old events, is undone there and handed to the
+thread (`TrimNeeded`).
 
-Otherwise the loop queues the report and waits; one thread takes every report queued
-by then (up to `max_batch`), ingests each inside one transaction, each report its own
-savepoint (`Database.batch`), commits once, and wakes the waiting requests with one
-call per batch.
+Otherwise the group is queued for the thread, which takes every report queued by then
+(up to `max_batch`), writes each inside one transaction, each report its own savepoint
+(`Database.batch`), commits once, and wakes the waiting requests with one call per
+batch.
 
-A report is answered only after the commit that holds it: a 204 still means
-stored. A report refused (401, 409, 415, 422) or one that fails while writing is
-undone alone and answered with its own error; if the commit itself fails, every
-report of the batch gets that error and nothing of it is stored. Under light load a
-batch is one report, so latency is what it was; under heavy load the batches grow
-and the cost per report falls.
+A report is answered only after the commit that holds it: a 204 still means stored.
+A report that fails while writing (its attempt ended meanwhile: 409) is undone alone
+and answered with its own error; if the commit itself fails, every report of it gets
+that error and nothing of it is stored. Under light load a group is one report, so
+latency is what it was; under heavy load the groups grow and the cost per report
+falls.
 
 Example:
     >>> writer = ReportWriter(ctx)  # doctest: +SKIP
@@ -39,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from air_sdk.gateway.services.reports import ingest_report
+from air_sdk.gateway.services.reports import PreparedReport, prepare_report, store_report
 from air_sdk.store.quota import TrimNeeded
 
 if TYPE_CHECKING:
@@ -53,11 +60,7 @@ MAX_BATCH = 64
 
 @dataclass(slots=True)
 class _Report:
-    job_id: str
-    attempt: int
-    token: str
-    body: bytes
-    content_type: str | None
+    prepared: PreparedReport
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
 
@@ -67,51 +70,97 @@ _STOP = object()
 
 class ReportWriter:
     """The gateway's report ingest: `await ingest(...)` returns once the report is
-    committed, or raises what `ingest_report` raised for it."""
+    committed, or raises what `prepare_report` or `store_report` raised for it."""
 
     def __init__(
         self,
         ctx: GatewayContext,
         *,
         max_batch: int = MAX_BATCH,
-        ingest: Callable[..., None] = ingest_report,
+        store: Callable[..., None] = store_report,
     ) -> None:
         self._ctx = ctx
         self._max_batch = max_batch
-        self._ingest = ingest
+        self._store = store
         self._queue: queue.SimpleQueue[_Report | object] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        #: reports queued and not yet answered (read and written on the event loop only)
+        #: reports handed to the thread and not yet answered (event loop only)
         self._pending = 0
+        #: reports gathered in this turn of the loop, to commit together (event loop only)
+        self._gathered: list[_Report] = []
         #: transactions the writer thread committed (each holds one or more reports)
         self.committed_batches = 0
+        #: transactions committed on the event loop, and the reports they held
+        self.loop_commits = 0
+        self.loop_reports = 0
 
     async def ingest(
         self, job_id: str, attempt: int, token: str, body: bytes, content_type: str | None
     ) -> None:
-        """Store one rank's report (see `ingest_report` for what it checks): at once on
-        the calling loop when the store's writer is free and nothing is queued, else
-        through the writer thread."""
-        if not self._pending:
-            try:
-                with self._ctx.store.batch_now() as began:
-                    if began:
-                        self._ingest(
-                            self._ctx, job_id, attempt, token, body, content_type, may_trim=False
-                        )
-                        return
-            except TrimNeeded:  # deleting the job's oldest events is for the thread
-                pass
+        """Store one rank's report (see `prepare_report` for what it checks): checked and
+        parsed now, then committed with the reports that arrived with it."""
+        prepared = prepare_report(self._ctx, job_id, attempt, token, body, content_type)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        report = _Report(prepared, loop, loop.create_future())
+        if not self._gathered:
+            loop.call_soon(self._commit_gathered)
+        self._gathered.append(report)
+        await report.future
+
+    def _commit_gathered(self) -> None:
+        """On the loop, once every request that was ready has run: the reports gathered
+        meanwhile committed in one transaction, or handed to the thread."""
+        gathered, self._gathered = self._gathered, []
+        gathered = [r for r in gathered if not r.future.done()]  # cancelled: gone
+        if not gathered:
+            return
+        # reports before these wait in the thread's queue: these go after them
+        later = gathered if self._pending else self._commit_on_loop(gathered)
+        for report in later:
+            self._hand_to_thread(report)
+
+    def _commit_on_loop(self, gathered: list[_Report]) -> list[_Report]:
+        """`gathered` written in one transaction if the store is free now; returns the
+        reports left for the thread (all of them when it is not, those whose quota trim
+        is for the thread else)."""
+        outcomes: list[tuple[_Report, BaseException | None]] = []
+        later: list[_Report] = []
+        try:
+            with self._ctx.store.batch_now() as began:
+                if not began:
+                    return gathered
+                for report in gathered:
+                    try:
+                        self._store_one(report.prepared, may_trim=False)
+                    except TrimNeeded:  # deleting the job's oldest events is for the thread
+                        later.append(report)
+                    except Exception as exc:  # this report's own answer; the rest go on
+                        outcomes.append((report, exc))
+                    else:
+                        outcomes.append((report, None))
+        except Exception as exc:  # BEGIN or COMMIT failed: nothing of the group is stored
+            for_thread = {id(report) for report in later}
+            outcomes = [(report, exc) for report in gathered if id(report) not in for_thread]
+        else:
+            self.loop_commits += 1
+            self.loop_reports += len(outcomes)
+        _settle(outcomes)
+        return later
+
+    def _store_one(self, prepared: PreparedReport, *, may_trim: bool) -> None:
+        """One report inside the open transaction, undone alone if it fails (its writes
+        are a savepoint of it: `store_report`)."""
+        self._store(self._ctx, prepared, may_trim=may_trim)
+
+    def _hand_to_thread(self, report: _Report) -> None:
         self._ensure_thread()
         self._pending += 1
-        try:
-            self._queue.put(_Report(job_id, attempt, token, body, content_type, loop, future))
-            await future
-        finally:
-            self._pending -= 1
+        report.future.add_done_callback(self._answered)
+        self._queue.put(report)
+
+    def _answered(self, _future: asyncio.Future[None]) -> None:
+        self._pending -= 1
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ingest what is queued, then end the thread (the app is shutting down; a later
@@ -153,28 +202,21 @@ class ReportWriter:
                 return
 
     def _write(self, batch: list[_Report]) -> None:
-        outcomes: list[BaseException | None] = []
+        outcomes: list[tuple[_Report, BaseException | None]] = []
         try:
             with self._ctx.store.batch():
                 for report in batch:
                     try:
-                        self._ingest(
-                            self._ctx,
-                            report.job_id,
-                            report.attempt,
-                            report.token,
-                            report.body,
-                            report.content_type,
-                        )
+                        self._store_one(report.prepared, may_trim=True)
                     except Exception as exc:  # this report's own answer; the rest go on
-                        outcomes.append(exc)
+                        outcomes.append((report, exc))
                     else:
-                        outcomes.append(None)
+                        outcomes.append((report, None))
             self.committed_batches += 1
         except Exception as exc:  # the commit failed: nothing of the batch is stored
-            outcomes = [exc] * len(batch)
+            outcomes = [(report, exc) for report in batch]
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Report, BaseException | None]]] = {}
-        for report, outcome in zip(batch, outcomes, strict=True):
+        for report, outcome in outcomes:
             by_loop.setdefault(report.loop, []).append((report, outcome))
         for loop, settled in by_loop.items():
             try:

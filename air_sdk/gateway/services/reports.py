@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from air_sdk.errors import ApiError, AuthError, ConflictError
@@ -27,7 +28,14 @@ from air_sdk.schema.events import CheckpointCommit, CheckpointRestore, EventPayl
 if TYPE_CHECKING:
     from air_sdk.gateway.app import GatewayContext
 
-__all__ = ["ingest_report", "scrubbed", "scrubbed_result"]
+__all__ = [
+    "PreparedReport",
+    "ingest_report",
+    "prepare_report",
+    "scrubbed",
+    "scrubbed_result",
+    "store_report",
+]
 
 
 def ingest_report(
@@ -40,58 +48,130 @@ def ingest_report(
     *,
     may_trim: bool = True,
 ) -> None:
-    """Store one rank's report: an `AuthError` (401) for a token not of this job and
-    attempt, a `ConflictError` (409) for an attempt no longer current, an `ApiError`
-    (422) for a body that is not a `WorkerReport` or a result holding a secret, (415)
-    for a Content-Type that is neither JSON nor msgpack. With `may_trim` False, a
-    report that takes the job past a storage quota raises `TrimNeeded` (nothing of it
-    is stored) instead of deleting the job's oldest events."""
-    began = time.perf_counter()
+    """Store one rank's report: `prepare_report`, then `store_report`. An `AuthError`
+    (401) for a token not of this job and attempt, a `ConflictError` (409) for an
+    attempt no longer current, an `ApiError` (422) for a body that is not a
+    `WorkerReport` or a result holding a secret, (415) for a Content-Type that is neither
+    JSON nor msgpack. With `may_trim` False, a report that takes the job past a storage
+    quota raises `TrimNeeded` (nothing of it is stored) instead of deleting the job's
+    oldest events."""
+    store_report(
+        ctx, prepare_report(ctx, job_id, attempt, token, body, content_type), may_trim=may_trim
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedReport:
+    """A report checked, parsed and scrubbed, ready to be stored (`store_report`): what
+    the report's transaction writes, and nothing it still has to read."""
+
+    job_id: str
+    attempt: int
+    token: str
+    rank: int
+    #: the events to append, scrubbed (a binary report's points as one SerializedMetrics)
+    items: list[EventPayload | SerializedMetrics]
+    #: the rank's heartbeat step (the report's own, else its last point's)
+    step: int | None
+    progress: bool
+    active: bool
+    finished: bool
+    #: the steps of the checkpoints the rank restored from
+    restored: tuple[int, ...]
+    num_points: int
+    blocked_s: tuple[float, ...]
+    body_format: str
+    #: `time.perf_counter()` when the report's ingest began
+    began: float
+
+
+def _check_token(ctx: GatewayContext, job_id: str, attempt: int, token: str) -> None:
     verdict = ctx.store.check_worker_token(job_id, attempt, token)
     if verdict == "invalid":
         raise AuthError(401, "the worker token does not belong to this job and attempt")
     if verdict == "stale":
         raise ConflictError(409, f"attempt {attempt} is no longer current; stop posting")
+
+
+def prepare_report(
+    ctx: GatewayContext,
+    job_id: str,
+    attempt: int,
+    token: str,
+    body: bytes,
+    content_type: str | None = "application/json",
+) -> PreparedReport:
+    """The report's token and fencing checked, its body parsed and its text scrubbed:
+    everything but the writes, so it runs on the event loop while another thread
+    writes (raises what `ingest_report` raises, but `TrimNeeded`)."""
+    began = time.perf_counter()
+    _check_token(ctx, job_id, attempt, token)
     parsed = parse_report(body, content_type)
     report = parsed.report
     shard = report.data.waiting_shard if report.data is not None else None
     has_text = report.lines or report.checkpoints or shard
     if has_text or report.exit is not None or report.result is not None:
         report = scrubbed(report, ctx.store.job_redactor(job_id, extra=(token,)))
-    for record in report.checkpoints:
-        if isinstance(record, CheckpointRestore):
-            ctx.store.set_resumed_from(job_id, attempt, record.step)
     step = report.heartbeat_step
     if step is None:
         step = parsed.last_step
-    num_points = parsed.num_points
-    progress = num_points > 0 or report.heartbeat_step is not None
-    active = bool(report.lines) or report.busy
     items: list[EventPayload | SerializedMetrics] = list(report.payloads())
     if parsed.columns is not None:  # stored as columns; read back as a MetricsBatch's points
         data_json = report.data.model_dump_json() if report.data is not None else "null"
-        metrics = parsed.columns.stored(
-            dropped_points=report.dropped_points, data_json=data_json
-        )
+        metrics = parsed.columns.stored(dropped_points=report.dropped_points, data_json=data_json)
         items = [metrics, *(p for p in items if not isinstance(p, MetricsBatch))]
+    return PreparedReport(
+        job_id=job_id,
+        attempt=attempt,
+        token=token,
+        rank=report.rank,
+        items=items,
+        step=step,
+        progress=parsed.num_points > 0 or report.heartbeat_step is not None,
+        active=bool(report.lines) or report.busy,
+        finished=report.finished,
+        restored=tuple(c.step for c in report.checkpoints if isinstance(c, CheckpointRestore)),
+        num_points=parsed.num_points,
+        blocked_s=tuple(c.blocked_s for c in report.checkpoints if isinstance(c, CheckpointCommit)),
+        body_format=parsed.body_format,
+        began=began,
+    )
+
+
+def store_report(ctx: GatewayContext, report: PreparedReport, *, may_trim: bool = True) -> None:
+    """Write a prepared report: its token and fencing checked again, as the
+    transaction sees them (an attempt may have ended since `prepare_report`), then its
+    events and heartbeat appended, undone together if any of it fails. Inside a group's
+    transaction (`Database.batch`) it is a savepoint of it."""
+    _check_token(ctx, report.job_id, report.attempt, report.token)
+    if report.restored:  # two writes: undone together (one savepoint) if the second fails
+        with ctx.store.batch():
+            for step in report.restored:
+                ctx.store.set_resumed_from(report.job_id, report.attempt, step)
+            _append(ctx, report, may_trim=may_trim)
+    else:  # one write: its own savepoint inside a group's transaction
+        _append(ctx, report, may_trim=may_trim)
+    if ctx.metrics is not None:  # one observation per report, never per point
+        ctx.metrics.observe_report(
+            num_points=report.num_points,
+            blocked_s=list(report.blocked_s),
+            seconds=time.perf_counter() - report.began,
+            body_format=report.body_format,
+        )
+
+
+def _append(ctx: GatewayContext, report: PreparedReport, *, may_trim: bool) -> None:
     ctx.store.append_worker_events(
-        job_id,
-        attempt,
+        report.job_id,
+        report.attempt,
         report.rank,
-        items,
-        step,
-        progress=progress,
-        active=active,
+        report.items,
+        report.step,
+        progress=report.progress,
+        active=report.active,
         finished=report.finished,
         may_trim=may_trim,
     )
-    if ctx.metrics is not None:  # one observation per report, never per point
-        ctx.metrics.observe_report(
-            num_points=num_points,
-            blocked_s=[c.blocked_s for c in report.checkpoints if isinstance(c, CheckpointCommit)],
-            seconds=time.perf_counter() - began,
-            body_format=parsed.body_format,
-        )
 
 
 def scrubbed(report: WorkerReport, redactor: Redactor) -> WorkerReport:

@@ -1,11 +1,15 @@
-"""The gateway's report ingest (`ReportWriter`): on the event loop when the store's
-writer is free, else queued and committed in groups by its thread; every report is
-answered once it is committed, or with its own error."""
+"""The gateway's report ingest (`ReportWriter`): checked and parsed on the event loop,
+the reports that arrive together committed in one transaction on the loop when the
+store's writer is free, else queued and committed in groups by its thread; every report
+is answered once it is committed, or with its own error."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +17,10 @@ import msgpack
 import pytest
 from gatewaytest import make_app
 
-from air_sdk.errors import ApiError, AuthError
+from air_sdk.errors import ApiError, AuthError, ConflictError
 from air_sdk.gateway.app import GatewayContext
 from air_sdk.gateway.services.report_writer import ReportWriter
-from air_sdk.gateway.services.reports import ingest_report
+from air_sdk.gateway.services.reports import store_report
 from air_sdk.runner import LocalBackend, Runner
 from air_sdk.scheduler import NodeSpec
 from air_sdk.schema import JobSpec, JobState, NodeAssignment, Placement
@@ -47,9 +51,9 @@ class Job:
     def writer(self, **kw: Any) -> ReportWriter:
         def recorded(*args: Any, **kw: Any) -> None:
             self.threads.append(threading.current_thread().name)
-            ingest_report(*args, **kw)
+            store_report(*args, **kw)
 
-        return ReportWriter(self.ctx, ingest=recorded, **kw)
+        return ReportWriter(self.ctx, store=recorded, **kw)
 
     def steps(self) -> list[int]:
         events = self.store.read_events(self.id, limit=10_000)
@@ -73,6 +77,67 @@ def test_a_report_is_ingested_on_the_loop_when_the_store_is_free(tmp_path: Path)
     asyncio.run(post())
     assert job.steps() == [1]
     assert job.threads == [threading.current_thread().name]  # no hand-off to a thread
+
+
+def test_reports_that_arrive_together_are_committed_together_on_the_loop(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+
+    async def post_all() -> list[Any]:
+        posts = [writer.ingest(job.id, job.attempt, job.token, _body(s), MSGPACK) for s in range(6)]
+        return await asyncio.wait_for(asyncio.gather(*posts, return_exceptions=True), 10)
+
+    assert asyncio.run(post_all()) == [None] * 6
+    assert job.steps() == [0, 1, 2, 3, 4, 5]
+    assert job.threads == [threading.current_thread().name] * 6  # no hand-off to a thread
+    assert (writer.loop_commits, writer.loop_reports) == (1, 6)  # one transaction for all
+
+
+def test_a_report_whose_attempt_ends_before_its_commit_is_fenced_and_the_rest_are_stored(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+    placement = Placement(job_id=job.id, nodes=(NodeAssignment(node="node-0", slots=1),))
+
+    async def post() -> list[Any]:
+        old = asyncio.ensure_future(
+            writer.ingest(job.id, job.attempt, job.token, _body(1), MSGPACK)
+        )
+        await asyncio.sleep(0)  # checked and parsed; its commit waits for this turn to end
+        assert not old.done()
+        attempt, token = job.store.start_attempt(job.id, placement)  # the runner restarts it
+        new = writer.ingest(job.id, attempt, token, _body(2), MSGPACK)
+        return await asyncio.wait_for(asyncio.gather(old, new, return_exceptions=True), 10)
+
+    fenced, stored = asyncio.run(post())
+    assert isinstance(fenced, ConflictError) and fenced.status == 409
+    assert "no longer current" in str(fenced)
+    assert stored is None
+    assert job.steps() == [2]
+
+
+def test_a_group_whose_transaction_cannot_begin_gets_the_error_and_nothing_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = Job(tmp_path)
+    writer = job.writer()
+
+    @contextlib.contextmanager
+    def broken() -> Iterator[bool]:
+        raise sqlite3.OperationalError("disk I/O error")
+        yield True
+
+    monkeypatch.setattr(job.store, "batch_now", broken)
+
+    async def post_all() -> list[Any]:
+        posts = [writer.ingest(job.id, job.attempt, job.token, _body(s), MSGPACK) for s in range(3)]
+        return await asyncio.wait_for(asyncio.gather(*posts, return_exceptions=True), 10)
+
+    results = asyncio.run(post_all())
+    assert [type(r) for r in results] == [sqlite3.OperationalError] * 3
+    monkeypatch.undo()
+    assert job.steps() == []
 
 
 def test_reports_wait_for_a_busy_store_and_commit_together(tmp_path: Path) -> None:
