@@ -17,9 +17,10 @@ SQLite row per point.
 
 Clients keep one HTTP/1.1 connection each and time each request. By default they
 send requests written out beforehand on a plain socket and read each answer's status
-line, headers and body (`--client raw`): a tenth of `http.client`'s CPU a request
-(`--client http.client`, what runs before 2026-12-03 used), so more of the 2 cores is
-left to the servers, as it would be with ranks on other machines.
+line, headers and body (`--client raw`): less than half of `http.client`'s CPU a
+request (90-110 us against 240-250 us here, kernel time included, posting to the
+floor; `--client http.client`, what runs before 2026-12-03 used), so more of the 2
+cores is left to the servers, as it would be with ranks on other machines.
 
     .venv/bin/python benchmarks/ingest.py --runs 2 --duration 6
     .venv/bin/python benchmarks/ingest.py --profile      # adds a py-spy profile of the gateway
