@@ -87,8 +87,9 @@ class ReportWriter:
         self._thread: threading.Thread | None = None
         #: reports handed to the thread and not yet answered (event loop only)
         self._pending = 0
-        #: reports gathered in this turn of the loop, to commit together (event loop only)
-        self._gathered: list[_Report] = []
+        #: reports gathered in this turn of each loop, to commit together (a gateway has
+        #: one loop; a test's clients may each run their own)
+        self._gathered: dict[asyncio.AbstractEventLoop, list[_Report]] = {}
         #: transactions the writer thread committed (each holds one or more reports)
         self.committed_batches = 0
         #: transactions committed on the event loop, and the reports they held
@@ -103,16 +104,17 @@ class ReportWriter:
         prepared = prepare_report(self._ctx, job_id, attempt, token, body, content_type)
         loop = asyncio.get_running_loop()
         report = _Report(prepared, loop, loop.create_future())
-        if not self._gathered:
-            loop.call_soon(self._commit_gathered)
-        self._gathered.append(report)
+        gathered = self._gathered.get(loop)
+        if gathered is None:
+            gathered = self._gathered[loop] = []
+            loop.call_soon(self._commit_gathered, loop)
+        gathered.append(report)
         await report.future
 
-    def _commit_gathered(self) -> None:
-        """On the loop, once every request that was ready has run: the reports gathered
+    def _commit_gathered(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On `loop`, once every request that was ready has run: the reports gathered
         meanwhile committed in one transaction, or handed to the thread."""
-        gathered, self._gathered = self._gathered, []
-        gathered = [r for r in gathered if not r.future.done()]  # cancelled: gone
+        gathered = [r for r in self._gathered.pop(loop, []) if not r.future.done()]
         if not gathered:
             return
         # reports before these wait in the thread's queue: these go after them

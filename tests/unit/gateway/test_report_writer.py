@@ -93,6 +93,34 @@ def test_reports_that_arrive_together_are_committed_together_on_the_loop(tmp_pat
     assert (writer.loop_commits, writer.loop_reports) == (1, 6)  # one transaction for all
 
 
+def test_reports_from_two_event_loops_at_once_are_each_committed_on_their_own_loop(
+    tmp_path: Path,
+) -> None:
+    # A gateway has one loop; tests' clients (and anything else) may run one each.
+    job = Job(tmp_path)
+    writer = job.writer()
+    results: dict[int, list[Any]] = {}
+
+    def client(first: int) -> None:
+        async def post_all() -> list[Any]:
+            posts = [
+                writer.ingest(job.id, job.attempt, job.token, _body(s), MSGPACK)
+                for s in range(first, first + 3)
+            ]
+            return await asyncio.wait_for(asyncio.gather(*posts, return_exceptions=True), 10)
+
+        results[first] = asyncio.run(post_all())
+
+    threads = [threading.Thread(target=client, args=(first,)) for first in (0, 10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    writer.stop()
+    assert results == {0: [None] * 3, 10: [None] * 3}
+    assert job.steps() == [0, 1, 2, 10, 11, 12]
+
+
 def test_a_report_whose_attempt_ends_before_its_commit_is_fenced_and_the_rest_are_stored(
     tmp_path: Path,
 ) -> None:
