@@ -216,13 +216,33 @@ def client_task(
     body_format: str = "json",
     client: str = "raw",
 ) -> dict[str, Any]:
-    if client == "raw":
-        return raw_client_task(port, path, token, num_points, rank, start_at, duration, body_format)
+    """Post the shipper's bodies to `path` from `start_at` for `duration` seconds, one
+    request at a time, timing each: over `_RawConnection` (each request's bytes written
+    once before the clock starts) or `http.client`, with the same bodies and headers."""
     bodies = make_bodies(num_points, rank, body_format)
     headers = {"Content-Type": CONTENT_TYPES[body_format]}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    if client == "raw":
+        head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept-Encoding: identity\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        requests = [f"{head}Content-Length: {len(b)}\r\n\r\n".encode() + b for b in bodies]
+        raw = _RawConnection(port)
+
+        def post(k: int) -> int:
+            return raw.request(requests[k % NUM_DISTINCT_BODIES])
+
+        close, errors = raw.close, (OSError, ValueError, IndexError, http.client.HTTPException)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+        def post(k: int) -> int:
+            conn.request("POST", path, bodies[k % NUM_DISTINCT_BODIES], headers)
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+
+        close, errors = conn.close, (OSError, http.client.HTTPException)
     lat = array.array("q")
     statuses: collections.Counter[int] = collections.Counter()
     while time.time() < start_at:
@@ -232,22 +252,17 @@ def client_task(
     end = first + duration
     k = 0
     while time.time() < end:
-        body = bodies[k % NUM_DISTINCT_BODIES]
-        k += 1
         t = clock()
         try:
-            conn.request("POST", path, body, headers)
-            resp = conn.getresponse()
-            resp.read()
-            status = resp.status
-        except (OSError, http.client.HTTPException):
+            status = post(k)
+        except errors:
             status = 0
-            conn.close()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            close()  # both connect again on the next request
+        k += 1
         lat.append(clock() - t)
         statuses[status] += 1
     last = time.time()
-    conn.close()
+    close()
     return {"lat_ns": lat.tobytes(), "statuses": dict(statuses), "first": first, "last": last}
 
 
@@ -295,53 +310,6 @@ class _RawConnection:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-
-
-def raw_client_task(
-    port: int,
-    path: str,
-    token: str | None,
-    num_points: int,
-    rank: int,
-    start_at: float,
-    duration: float,
-    body_format: str = "json",
-) -> dict[str, Any]:
-    """`client_task` over `_RawConnection`: the same bodies and headers, each request's
-    bytes written once before the clock starts."""
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept-Encoding: identity\r\n"
-        f"Content-Type: {CONTENT_TYPES[body_format]}\r\n"
-    )
-    if token:
-        head += f"Authorization: Bearer {token}\r\n"
-    requests = [
-        f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
-        for body in make_bodies(num_points, rank, body_format)
-    ]
-    conn = _RawConnection(port)
-    lat = array.array("q")
-    statuses: collections.Counter[int] = collections.Counter()
-    while time.time() < start_at:
-        time.sleep(0.001)
-    clock = time.perf_counter_ns
-    first = time.time()
-    end = first + duration
-    k = 0
-    while time.time() < end:
-        raw = requests[k % NUM_DISTINCT_BODIES]
-        k += 1
-        t = clock()
-        try:
-            status = conn.request(raw)
-        except (OSError, ValueError, IndexError, http.client.HTTPException):
-            status = 0
-            conn.close()
-        lat.append(clock() - t)
-        statuses[status] += 1
-    last = time.time()
-    conn.close()
-    return {"lat_ns": lat.tobytes(), "statuses": dict(statuses), "first": first, "last": last}
 
 
 def measure(
@@ -423,7 +391,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "report writer: queue, savepoints, group COMMIT",
         ("report_writer.py", "Database.batch", "Database._savepoint"),
     ),
-    ("report service: scrub, payloads (ingest_report)", ("ingest_report",)),
+    ("report service: scrub, payloads (prepare/store_report)", ("prepare_report", "store_report")),
     ("pydantic: model_dump_json of points/lines", ("BaseModel.model_dump_json",)),
     (
         "threadpool hand-off (run_in_threadpool, loop wake-ups)",
