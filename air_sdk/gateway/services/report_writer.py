@@ -134,7 +134,7 @@ class ReportWriter:
                     return gathered
                 for report in gathered:
                     try:
-                        self._store_one(report.prepared, may_trim=False)
+                        self._store(self._ctx, report.prepared, may_trim=False)
                     except TrimNeeded:  # deleting the job's oldest events is for the thread
                         later.append(report)
                     except Exception as exc:  # this report's own answer; the rest go on
@@ -149,11 +149,6 @@ class ReportWriter:
             self.loop_reports += len(outcomes)
         _settle(outcomes)
         return later
-
-    def _store_one(self, prepared: PreparedReport, *, may_trim: bool) -> None:
-        """One report inside the open transaction, undone alone if it fails (its writes
-        are a savepoint of it: `store_report`)."""
-        self._store(self._ctx, prepared, may_trim=may_trim)
 
     def _hand_to_thread(self, report: _Report) -> None:
         self._ensure_thread()
@@ -209,7 +204,7 @@ class ReportWriter:
             with self._ctx.store.batch():
                 for report in batch:
                     try:
-                        self._store_one(report.prepared, may_trim=True)
+                        self._store(self._ctx, report.prepared, may_trim=True)
                     except Exception as exc:  # this report's own answer; the rest go on
                         outcomes.append((report, exc))
                     else:

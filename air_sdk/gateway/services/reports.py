@@ -1,13 +1,16 @@
-"""Ingesting a worker report: the attempt's token and fencing checked, the report
-parsed, every secret of the job and any AIR token scrubbed from its text (a function's
-return value holding one is refused: a pickle cannot be edited), then stored.
+"""Ingesting a worker report in two steps: `prepare_report` checks the attempt's token
+and fencing, parses the report and scrubs every secret of the job and any AIR token
+from its text (a function's return value holding one is refused: a pickle cannot be
+edited); `store_report` writes it inside the transaction that commits it
+(`report_writer.ReportWriter` runs both).
 
 The body is JSON or msgpack (`air_sdk.gateway.services.report_body`); a msgpack
 report's points are stored as the columns they came in (`PointColumns.stored`),
 and read back as the same `metrics` event a JSON report's points make.
 
 Example:
-    >>> ingest_report(ctx, "train-5d41402a", 1, token, body, "application/msgpack")  # doctest: +SKIP
+    >>> prepared = prepare_report(ctx, "train-5d41402a", 1, token, body, "application/msgpack")  # doctest: +SKIP
+    >>> store_report(ctx, prepared)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -30,34 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PreparedReport",
-    "ingest_report",
     "prepare_report",
     "scrubbed",
     "scrubbed_result",
     "store_report",
 ]
-
-
-def ingest_report(
-    ctx: GatewayContext,
-    job_id: str,
-    attempt: int,
-    token: str,
-    body: bytes,
-    content_type: str | None = "application/json",
-    *,
-    may_trim: bool = True,
-) -> None:
-    """Store one rank's report: `prepare_report`, then `store_report`. An `AuthError`
-    (401) for a token not of this job and attempt, a `ConflictError` (409) for an
-    attempt no longer current, an `ApiError` (422) for a body that is not a
-    `WorkerReport` or a result holding a secret, (415) for a Content-Type that is neither
-    JSON nor msgpack. With `may_trim` False, a report that takes the job past a storage
-    quota raises `TrimNeeded` (nothing of it is stored) instead of deleting the job's
-    oldest events."""
-    store_report(
-        ctx, prepare_report(ctx, job_id, attempt, token, body, content_type), may_trim=may_trim
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +83,10 @@ def prepare_report(
 ) -> PreparedReport:
     """The report's token and fencing checked, its body parsed and its text scrubbed:
     everything but the writes, so it runs on the event loop while another thread
-    writes (raises what `ingest_report` raises, but `TrimNeeded`)."""
+    writes: an `AuthError` (401) for a token not of this job and attempt, a
+    `ConflictError` (409) for an attempt no longer current, an `ApiError` (422) for a
+    body that is not a `WorkerReport` or a result holding a secret, (415) for a
+    Content-Type that is neither JSON nor msgpack."""
     began = time.perf_counter()
     _check_token(ctx, job_id, attempt, token)
     parsed = parse_report(body, content_type)
@@ -142,7 +125,9 @@ def store_report(ctx: GatewayContext, report: PreparedReport, *, may_trim: bool 
     """Write a prepared report: its token and fencing checked again, as the
     transaction sees them (an attempt may have ended since `prepare_report`), then its
     events and heartbeat appended, undone together if any of it fails. Inside a group's
-    transaction (`Database.batch`) it is a savepoint of it."""
+    transaction (`Database.batch`) it is a savepoint of it. With `may_trim` False, a
+    report that takes the job past a storage quota raises `TrimNeeded` (nothing of it
+    is stored) instead of deleting the job's oldest events."""
     _check_token(ctx, report.job_id, report.attempt, report.token)
     if report.restored:  # two writes: undone together (one savepoint) if the second fails
         with ctx.store.batch():

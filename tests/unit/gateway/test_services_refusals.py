@@ -112,9 +112,9 @@ def test_a_report_with_a_wrong_or_stale_token_is_refused(tenancy):
     attempt, token = tenancy.start(job_id)
     body = json.dumps({"rank": 0, "lines": []}).encode()
     with pytest.raises(AuthError, match="does not belong to this job"):
-        reports.ingest_report(ctx, job_id, attempt, "airw_" + "x" * 43, body)
+        reports.prepare_report(ctx, job_id, attempt, "airw_" + "x" * 43, body)
     with pytest.raises(ApiError, match="not a WorkerReport") as refused:
-        reports.ingest_report(ctx, job_id, attempt, token, b"{")
+        reports.prepare_report(ctx, job_id, attempt, token, b"{")
     assert refused.value.status == 422
 
 
