@@ -30,8 +30,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from gatewaytest import Tenancy, make_app  # noqa: E402
-from ingest import make_bodies  # noqa: E402
+from ingest import BENCH_LIMITS, make_bodies  # noqa: E402
 
+from air_sdk.gateway.options import SecurityOptions  # noqa: E402
 from air_sdk.schema import JobState  # noqa: E402
 
 
@@ -40,7 +41,7 @@ class Poster:
 
     def __init__(self, num_points: int) -> None:
         home = Path(tempfile.mkdtemp(prefix="air-bench-ingest-cpu-"))
-        self.app, self.store = make_app(home)
+        self.app, self.store = make_app(home, SecurityOptions(limits=BENCH_LIMITS))
         self.store.create_tenant("acme")
         owner = self.store.create_token("acme", "member", "owner")
         tenancy = Tenancy(app=self.app, store=self.store, home=home, tokens={"owner": owner})
