@@ -218,6 +218,47 @@ def test_a_sandboxed_program_sees_its_own_directories_and_nothing_else(kind, tmp
     assert seen["cwd"] == str(code)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_shared_directory_holding_tmp_shows_the_hosts_files_there(kind, tmp_path):
+    """`--sandbox-bind /tmp` (what the benchmarks use to collect their jobs' results):
+    the rank writes the host's /tmp, as with bwrap, and the jail's own /tmp does not come
+    back over it; the home inside it stays hidden."""
+    _need(kind)
+    import subprocess
+    import tempfile
+
+    host_tmp = os.path.realpath(tempfile.gettempdir())
+    if not os.path.realpath(tmp_path).startswith(host_tmp + "/"):
+        pytest.skip(f"the test's directory is not under {host_tmp}")
+    home = tmp_path / "home"
+    (home / "jobs" / "a" / "tmp").mkdir(parents=True)
+    (home / "token").write_text("admin token")
+    out = tmp_path / "results" / "out.txt"
+    out.parent.mkdir()
+    spec = SandboxSpec(
+        hide=[str(home)],
+        writable=[],
+        tmp=str(home / "jobs" / "a" / "tmp"),
+        shared=[host_tmp],
+        keep=under_tmp([sys.prefix, os.path.dirname(os.path.realpath(sys.executable))]),
+    )
+    wrapper = (
+        bwrap_argv(spec, shutil.which("bwrap") or "") if kind == "bwrap" else unshare_argv(spec)
+    )
+    probe = (
+        "import os, sys; open(sys.argv[1], 'w').write('from the rank');"
+        " print(sorted(os.listdir(sys.argv[2])))"
+    )
+    ran = subprocess.run(
+        [*wrapper, sys.executable, "-c", probe, str(out), str(home)],
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert out.read_text() == "from the rank"
+    assert ran.stdout.strip() == "[]"  # the token and jobs under the hidden home: gone
+
+
 # ---- the NodeRunner behind a sandbox ------------------------------------------------------
 
 RANKS = """

@@ -98,12 +98,20 @@ def mount(
         raise JailError(f"mount {target}: {os.strerror(errno)}")
 
 
-def _bind_fd(fd: int, target: str, read_only: bool = False, device: bool = False) -> None:
-    mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+def _bind_fd(
+    fd: int, target: str, read_only: bool = False, device: bool = False, recursive: bool = True
+) -> None:
+    mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | (MS_REC if recursive else 0))
     # a bind copies its source's flags, read-only since `_read_only_root`: set them;
     # nosuid and (but for the devices) nodev, as bwrap's binds
     flags = MS_NOSUID | (MS_RDONLY if read_only else 0) | (0 if device else MS_NODEV)
     mount(None, target, None, MS_REMOUNT | MS_BIND | flags)
+
+
+def _within(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or lies under it."""
+    directory = directory.rstrip("/")
+    return path == directory or path.startswith(directory + "/") or not directory
 
 
 def _open(path: str) -> int | None:
@@ -194,7 +202,11 @@ def build(spec: dict) -> None:
     for path in spec.get("shared", []):  # before the hiding: a home inside one stays hidden
         if path in fds:
             _make_target(path, True)
-            _bind_fd(fds[path], path)
+            # with the mounts under it, a directory holding /tmp, /dev or /proc would bring
+            # the ones placed above (the job's /tmp over the host's) back over itself:
+            # bound alone, it shows the host's, as bwrap's bind from the old root does
+            mine = ("/tmp", "/dev", "/proc")
+            _bind_fd(fds[path], path, recursive=not any(_within(m, path) for m in mine))
     for path in spec.get("hide", []):
         _make_target(path, True)
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
