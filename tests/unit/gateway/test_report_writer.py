@@ -93,6 +93,29 @@ def test_reports_that_arrive_together_are_committed_together_on_the_loop(tmp_pat
     assert (writer.loop_commits, writer.loop_reports) == (1, 6)  # one transaction for all
 
 
+@pytest.mark.parametrize("gather_turns, commits", [(0, 2), (1, 1)])
+def test_a_report_that_comes_a_turn_after_the_first_joins_its_group(
+    tmp_path: Path, gather_turns: int, commits: int
+) -> None:
+    # A second rank's request read by the loop's next poll: with a turn of waiting, one
+    # commit for both; without, one each
+    job = Job(tmp_path)
+    writer = job.writer(gather_turns=gather_turns)
+
+    async def late() -> None:
+        await asyncio.sleep(0)  # a turn later, as a request the next poll reads
+        await writer.ingest(job.id, job.attempt, job.token, _body(2), MSGPACK)
+
+    async def post_both() -> list[Any]:
+        first = writer.ingest(job.id, job.attempt, job.token, _body(1), MSGPACK)
+        both = asyncio.gather(first, late(), return_exceptions=True)
+        return await asyncio.wait_for(both, 10)
+
+    assert asyncio.run(post_both()) == [None, None]
+    assert job.steps() == [1, 2]
+    assert (writer.loop_commits, writer.loop_reports) == (commits, 2)
+
+
 def test_reports_from_two_event_loops_at_once_are_each_committed_on_their_own_loop(
     tmp_path: Path,
 ) -> None:
