@@ -20,8 +20,8 @@ again together, so the groups grow by themselves. Committing as soon as the read
 requests had run made groups of 1.6 reports with 4 ranks posting: the others' next
 requests were still on their way, and came in one by one while a group was written.
 Waiting one more turn of the loop (a poll of the sockets, microseconds for a lone
-report; no timer) made them 2.8 and the gateway a third faster (docs/benchmarks.md,
-"Ingest, fifth pass"). The commit never stalls on a WAL
+report; no timer) made them 3.5 (1.9 with 2 ranks, from 1.0) and ingest 14-17% faster
+(docs/benchmarks.md, "Issue 23 part 5, fifth pass"). The commit never stalls on a WAL
 checkpoint: the gateway takes those in a thread of their own
 (`Database.checkpoint_in_background`); and a report that takes its job past a storage
 quota, whose trim deletes megabytes of old events, is undone there and handed to the
