@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -450,7 +450,7 @@ class JobController:
 
     def _on_failure(self, nodes: list[NodeStatus]) -> None:
         detected_at = time.time()
-        before = self._rank_exits()
+        before = self._rank_exits(nodes)
         last_seen = last_seen_by_node(
             self.store.heartbeats(self.job_id, self.attempt), self.placement, self.spec.resources
         )
@@ -464,7 +464,7 @@ class JobController:
             self.backend, handle, world, lambda: set(self._rank_exits()), self.job_id
         )
         self._teardown(grace_s=FAILURE_TEARDOWN_GRACE_S)
-        after = self._rank_exits()
+        after = self._rank_exits(nodes)
         # A machine that left the cluster may be named only by the teardown (its peers'
         # crashes can reach the runner before the cluster notices the machine is gone).
         lost = {s.node: s for s in self.backend.poll(handle) if s.lost}
@@ -553,10 +553,17 @@ class JobController:
             len(self.store.heartbeats(self.job_id, self.attempt)) >= self.spec.resources.world_size
         )
 
-    def _rank_exits(self) -> dict[int, tuple[float, RankExit]]:
+    def _rank_exits(self, nodes: Sequence[NodeStatus] = ()) -> dict[int, tuple[float, RankExit]]:
         """Rank exits of this attempt: the supervisors' files (written even when the
-        gateway is unreachable) and their events, keyed by rank, with the time seen."""
+        gateway is unreachable), their events and the records ended `nodes` brought
+        (a Ray node's, which may come before its ranks' reports), keyed by rank, with
+        the time seen."""
         exits: dict[int, tuple[float, RankExit]] = {}
+        for status in nodes:
+            for e in status.rank_exits:
+                ts = e.ended_at or time.time()
+                if e.rank not in exits or ts < exits[e.rank][0]:
+                    exits[e.rank] = (ts, e)
         for ev in self.store.read_events(
             self.job_id, types=(EventType.RANK_EXIT,), attempt=self.attempt, limit=10_000
         ):

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from air_sdk.errors import UnsafePathError
 from air_sdk.runner.node.launch import MODULE_PREFIX
-from air_sdk.runner.nofollow import open_dir, open_file, replace_file
+from air_sdk.runner.node.records import exit_records
+from air_sdk.runner.nofollow import open_dir, replace_file
 from air_sdk.schema import JobSpec
 
 if TYPE_CHECKING:
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = ["INLINE_ENTRYPOINT", "JobPaths", "entrypoint_of", "prepare_code"]
 
-#: the most bytes read of one rank's exit record (a few KiB with its output tail)
-MAX_EXIT_RECORD_BYTES = 1 << 20
 #: the file an inline-code job (`JobSpec.code`) runs, written into its code dir
 INLINE_ENTRYPOINT = "__air_main__.py"
 
@@ -54,30 +52,14 @@ class JobPaths:
 
     def exit_records(self, n: int) -> Iterator[tuple[bytes, float]]:
         """(bytes, mtime) of each `rank-*.json` the ranks' supervisors wrote under
-        attempt `n`'s `exits/`. The job writes that directory: a link, a FIFO or a
-        device there is skipped (read by fd, `O_NOFOLLOW`, regular files only, at most
-        `MAX_EXIT_RECORD_BYTES`), so it can neither point the gateway at other files
-        nor hang it on a read.
+        attempt `n`'s `exits/` (`air_sdk.runner.node.records.exit_records`: links, FIFOs
+        and devices there skipped, the size capped).
 
         Example:
             >>> list(JobPaths(Path("/nonexistent")).exit_records(1))
             []
         """
-        try:
-            exits = open_dir(self.root, f"attempts/{n}/exits")
-        except (OSError, UnsafePathError):
-            return
-        try:
-            for name in sorted(os.listdir(exits)):
-                if not (name.startswith("rank-") and name.endswith(".json")):
-                    continue
-                try:
-                    with os.fdopen(open_file(exits, name), "rb") as f:
-                        yield f.read(MAX_EXIT_RECORD_BYTES), os.fstat(f.fileno()).st_mtime
-                except (OSError, UnsafePathError):
-                    continue
-        finally:
-            os.close(exits)
+        return exit_records(self.root, f"attempts/{n}/exits")
 
 
 def prepare_code(

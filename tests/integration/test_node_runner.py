@@ -224,6 +224,9 @@ def test_a_failed_rank_is_recorded_and_named_by_the_nodes_status(setup, tmp_path
         failed = exit_record(setup, request, 1)  # written before the node said it failed
         assert failed is not None and failed.exit_code == 5 and failed.node == setup.node
         assert "rank 1 fails on purpose" in failed.tail
+        if setup.name == "ray":  # the record lives on the Ray node: it comes with the status
+            assert [(e.rank, e.exit_code) for e in status.rank_exits] == [(1, 5)]
+            assert "rank 1 fails on purpose" in status.rank_exits[0].tail
         pids = pids_of(tmp_path)
         backend.terminate(handle, grace_s=1.0)
         assert not [pid for trio in pids.values() for pid in trio if alive(pid)]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from air_sdk.scheduler import NodeSpec
-from air_sdk.schema import JobSpec, Placement, WorkerEnv
+from air_sdk.schema import JobSpec, Placement, RankExit, WorkerEnv
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,10 @@ class NodeStatus:
     #: the machine itself went away (a Ray node that left the cluster), so its ranks
     #: could report nothing; failures of ranks elsewhere are then its consequences
     lost: bool = False
+    #: the exit records of the node's ranks when it ended, from a backend whose nodes
+    #: keep them where the runner cannot read them (Ray): the ranks' reports of their
+    #: exits may reach the gateway only after the node's own verdict
+    rank_exits: tuple[RankExit, ...] = ()
 
     @property
     def running(self) -> bool:

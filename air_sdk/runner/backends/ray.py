@@ -15,7 +15,9 @@ keeps the attempt's placement group and actors: it starts only the ranks, on the
 warm interpreters the actor's NodeRunner kept ready.
 
 Ranks report to the gateway themselves (logs, metrics, heartbeats, rank exits), so
-the runner reads them as from local ranks. The backend reports what only Ray knows:
+the runner reads them as from local ranks; a node's verdict comes with the exit records
+its ranks left on it (`NodeStatus.rank_exits`), which the ranks' own reports may follow
+later. The backend also reports what only Ray knows:
 an actor that died, or a node that left the cluster (`NodeStatus.detail` says
 which). Placement groups and actors fate-share with the gateway's Ray driver: a
 stopped gateway leaves nothing running, and the next one relaunches the job.
@@ -30,6 +32,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,7 @@ from air_sdk.runner.backends.ray_rules import (
 )
 from air_sdk.runner.node.plan import plan_node
 from air_sdk.scheduler import NodeSpec
+from air_sdk.schema import RankExit
 
 log = logging.getLogger(__name__)
 
@@ -416,11 +420,12 @@ class RayBackend:
             if n.watch_ref not in ready_set:
                 continue
             try:
-                code, detail = ray.get(n.watch_ref, timeout=CALL_TIMEOUT_S)
+                code, detail, records = ray.get(n.watch_ref, timeout=CALL_TIMEOUT_S)
             except Exception as exc:
                 self._ended(n, exc, while_="running")
                 continue
-            n.final = NodeStatus(n.name, code, "" if code == 0 else detail)
+            exits = tuple(_rank_exits(records))
+            n.final = NodeStatus(n.name, code, "" if code == 0 else detail, rank_exits=exits)
 
     def _ended(self, n: _Node, exc: BaseException, *, while_: str) -> None:
         """Name what ended a node whose actor call failed: its machine, its actor, or
@@ -598,3 +603,12 @@ class RayBackend:
                     lines = None
             return (n.notes + list(lines or []))[-num_lines:]
         return []
+
+
+def _rank_exits(records: list[bytes]) -> Iterator[RankExit]:
+    """The exit records a node sent that parse (the job writes their directory)."""
+    for raw in records:
+        try:
+            yield RankExit.model_validate_json(raw)
+        except ValueError:
+            continue

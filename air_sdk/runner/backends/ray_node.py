@@ -79,7 +79,7 @@ class RayNodeAgent:
         >>> port = agent.prepare(bundle_bytes, sha256, None, "", launch)  # doctest: +SKIP
         >>> agent.start("10.0.0.1", port)  # doctest: +SKIP
         >>> agent.watch()  # blocks until a rank fails or all ended  # doctest: +SKIP
-        (0, 'every rank exited 0')
+        (0, 'every rank exited 0', [b'{"rank": 0, "exit_code": 0, ...}'])
     """
 
     def __init__(self, job_id: str, node: str) -> None:
@@ -153,13 +153,20 @@ class RayNodeAgent:
         self._runner.note(f"MASTER_ADDR={master_addr}:{master_port}")
         return list(pids.values())
 
-    def watch(self, timeout_s: float | None = None, started: Any = None) -> tuple[int | None, str]:
-        """Block until a rank fails or every rank ended: (exit status, what happened).
-        (None, "") if `timeout_s` passed first. `started`: the result of this attempt's
-        `start()` call, passed as its ObjectRef so that Ray runs this watch after it (a
-        kept actor serves calls concurrently: a watch that ran first would report the
-        previous attempt's stop, "rank 0 was killed by SIGTERM")."""
-        return self._runner.wait(timeout_s)
+    def watch(
+        self, timeout_s: float | None = None, started: Any = None
+    ) -> tuple[int | None, str, list[bytes]]:
+        """Block until a rank fails or every rank ended: (exit status, what happened,
+        the exit records of this node's ranks so far, JSON). (None, "", []) if
+        `timeout_s` passed first. The records come with the verdict because they live on
+        this node: the ranks' own reports of their exits reach the gateway later, so a
+        runner that diagnosed the failure from those alone could find none yet and blame
+        the node. `started`: the result of this attempt's `start()` call, passed as its
+        ObjectRef so that Ray runs this watch after it (a kept actor serves calls
+        concurrently: a watch that ran first would report the previous attempt's stop,
+        "rank 0 was killed by SIGTERM")."""
+        code, detail = self._runner.wait(timeout_s)
+        return code, detail, self._runner.exit_records() if code is not None else []
 
     def stop(self, grace_s: float) -> list[str]:
         """SIGTERM every rank's process group, SIGKILL what is left after `grace_s`;

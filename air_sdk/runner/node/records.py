@@ -21,16 +21,20 @@ import json
 import os
 import tempfile
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from air_sdk.runner.nofollow import open_append, open_dir
+from air_sdk.errors import UnsafePathError
+from air_sdk.runner.nofollow import open_append, open_dir, open_file
 
 __all__ = [
+    "MAX_EXIT_RECORD_BYTES",
     "AttemptRecord",
     "RankRecord",
     "RunnerRecord",
+    "exit_records",
     "failure_marks",
     "log_tail",
     "open_node_log",
@@ -118,6 +122,38 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+#: the most bytes read of one rank's exit record (a few KiB with its output tail)
+MAX_EXIT_RECORD_BYTES = 1 << 20
+
+
+def exit_records(base: Path, exits: str = "exits") -> Iterator[tuple[bytes, float]]:
+    """(bytes, mtime) of each `rank-*.json` the ranks' supervisors wrote in `base /
+    exits` (an attempt's directory, `air_sdk.runtime.supervise.write_exit_record`).
+    The job writes that directory: a link, a FIFO or a device there is skipped (read by
+    fd, `O_NOFOLLOW` below `base`, regular files only, at most `MAX_EXIT_RECORD_BYTES`),
+    so it can neither point the reader at other files nor hang it on a read.
+
+    Example:
+        >>> list(exit_records(Path("/nonexistent")))
+        []
+    """
+    try:
+        folder = open_dir(base, exits)
+    except (OSError, UnsafePathError):
+        return
+    try:
+        for name in sorted(os.listdir(folder)):
+            if not (name.startswith("rank-") and name.endswith(".json")):
+                continue
+            try:
+                with os.fdopen(open_file(folder, name), "rb") as f:
+                    yield f.read(MAX_EXIT_RECORD_BYTES), os.fstat(f.fileno()).st_mtime
+            except (OSError, UnsafePathError):
+                continue
+    finally:
+        os.close(folder)
 
 
 def failure_marks(attempt_dir: Path) -> list[str]:

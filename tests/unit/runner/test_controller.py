@@ -33,6 +33,8 @@ class FakeAttempt:
     #: failure-save marks the ranks left, as the backend reports them, one set per call
     #: (the last repeats)
     marks: list[set[str]] = field(default_factory=list)
+    #: exit records a node brings with its status (as a Ray node does), by node
+    rank_exits: dict[str, tuple[RankExit, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -53,7 +55,10 @@ class FakeBackend:
         return a
 
     def poll(self, handle):
-        return [NodeStatus(n, c, lost=n in handle.lost) for n, c in handle.exit_codes.items()]
+        return [
+            NodeStatus(n, c, lost=n in handle.lost, rank_exits=handle.rank_exits.get(n, ()))
+            for n, c in handle.exit_codes.items()
+        ]
 
     def terminate(self, handle, grace_s, wait_first_s=0.0):
         handle.terminated = True
@@ -127,6 +132,28 @@ def test_happy_path_state_after_every_step(store, tmp_path):
     assert ctl.step() == (JobState.RUNNING, JobState.SUCCEEDED)
     assert ctl.done and store.get_job(ctl.job_id).state is JobState.SUCCEEDED
     assert store.list_attempts(ctl.job_id)[0].reason == "succeeded"
+
+
+@pytest.mark.parametrize("brought", [True, False])
+def test_a_crash_whose_report_is_late_is_a_crash_when_the_node_brings_its_record(
+    store, tmp_path, brought
+):
+    # A Ray node's verdict can reach the runner before the rank's own report of its exit:
+    # with the record in the node's status, a crash; with nothing of the rank at all,
+    # all there is to blame is the node
+    ctl, backend = make(store, tmp_path)
+    ctl.step()
+    killed = RankExit(rank=1, node="n1", exit_code=None, signal="SIGKILL", tail=["step 22"])
+    if brought:
+        backend.attempts[0].rank_exits["n1"] = (killed,)
+    backend.attempts[0].exit_codes.update(n1=137)
+    ctl.step()
+    failure = store.get_job(ctl.job_id).failure
+    if brought:
+        assert (failure.kind, failure.rank, failure.signal) == ("crash", 1, "SIGKILL")
+        assert failure.log_tail == ["step 22"]
+    else:
+        assert (failure.kind, failure.node) == ("lost_node", "n1")
 
 
 def test_crash_fails_with_rank_code_and_tail(store, tmp_path):

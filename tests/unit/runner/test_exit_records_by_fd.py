@@ -8,7 +8,8 @@ import json
 import os
 import threading
 
-from air_sdk.runner.job_files import MAX_EXIT_RECORD_BYTES, JobPaths
+from air_sdk.runner.job_files import JobPaths
+from air_sdk.runner.node.records import MAX_EXIT_RECORD_BYTES
 
 
 def test_links_fifos_and_other_names_are_skipped_without_blocking(tmp_path):
