@@ -234,7 +234,7 @@ def test_a_killed_rank_resumes_from_the_newest_checkpoint(world, src):
     record = job.wait(timeout=300)
     assert record.state is JobState.SUCCEEDED, record.state_reason
     first, second = job.attempts()[:2]
-    assert first.failure.kind == "crash" and first.failure.rank == 1
+    assert first.failure.kind == "crash" and first.failure.rank == 1, first.failure.reason
     assert first.failure.signal == "SIGKILL"
     assert second.resumed_from_step is not None and second.resumed_from_step >= newest >= 20
     wait_for(lambda: nothing_left(world, job.id), 30, "actors and placement group gone")
