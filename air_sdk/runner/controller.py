@@ -555,15 +555,10 @@ class JobController:
 
     def _rank_exits(self, nodes: Sequence[NodeStatus] = ()) -> dict[int, tuple[float, RankExit]]:
         """Rank exits of this attempt: the supervisors' files (written even when the
-        gateway is unreachable), their events and the records ended `nodes` brought
-        (a Ray node's, which may come before its ranks' reports), keyed by rank, with
-        the time seen."""
+        gateway is unreachable), their events and the records ended `nodes` brought (a
+        Ray node's, maybe before its ranks' reports), keyed by rank, with the time seen."""
         exits: dict[int, tuple[float, RankExit]] = {}
-        for status in nodes:
-            for e in status.rank_exits:
-                ts = e.ended_at or time.time()
-                if e.rank not in exits or ts < exits[e.rank][0]:
-                    exits[e.rank] = (ts, e)
+        found = [(e, e.ended_at or time.time()) for s in nodes for e in s.rank_exits]
         for ev in self.store.read_events(
             self.job_id, types=(EventType.RANK_EXIT,), attempt=self.attempt, limit=10_000
         ):
@@ -573,9 +568,10 @@ class JobController:
         for raw, mtime in self.paths.exit_records(self.attempt):
             try:
                 e = RankExit.model_validate_json(raw)
-                ts = e.ended_at or mtime
             except ValueError:
                 continue
+            found.append((e, e.ended_at or mtime))
+        for e, ts in found:
             if e.rank not in exits or ts < exits[e.rank][0]:
                 exits[e.rank] = (ts, e)
         return exits

@@ -14,13 +14,11 @@ it and need only torch and air-runtime's dependencies. A relaunch on the same no
 keeps the attempt's placement group and actors: it starts only the ranks, on the
 warm interpreters the actor's NodeRunner kept ready.
 
-Ranks report to the gateway themselves (logs, metrics, heartbeats, rank exits), so
-the runner reads them as from local ranks; a node's verdict comes with the exit records
-its ranks left on it (`NodeStatus.rank_exits`), which the ranks' own reports may follow
-later. The backend also reports what only Ray knows:
-an actor that died, or a node that left the cluster (`NodeStatus.detail` says
-which). Placement groups and actors fate-share with the gateway's Ray driver: a
-stopped gateway leaves nothing running, and the next one relaunches the job.
+Ranks report to the gateway themselves (logs, metrics, heartbeats, rank exits), as local ranks do;
+a node's verdict also brings the exit records left on it (`NodeStatus.rank_exits`: the ranks'
+reports may come later). The backend reports what only Ray knows: an actor that died, or a node
+that left the cluster (`NodeStatus.detail`). Placement groups and actors fate-share with the
+gateway's Ray driver: a stopped gateway leaves nothing running; the next one relaunches the job.
 
 Only this module and its `ray_*` siblings know Ray; `ray` is imported lazily.
 """
@@ -32,7 +30,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +55,6 @@ from air_sdk.runner.backends.ray_rules import (
 )
 from air_sdk.runner.node.plan import plan_node
 from air_sdk.scheduler import NodeSpec
-from air_sdk.schema import RankExit
 
 log = logging.getLogger(__name__)
 
@@ -420,12 +416,11 @@ class RayBackend:
             if n.watch_ref not in ready_set:
                 continue
             try:
-                code, detail, records = ray.get(n.watch_ref, timeout=CALL_TIMEOUT_S)
+                code, detail, exits = ray.get(n.watch_ref, timeout=CALL_TIMEOUT_S)
             except Exception as exc:
                 self._ended(n, exc, while_="running")
                 continue
-            exits = tuple(_rank_exits(records))
-            n.final = NodeStatus(n.name, code, "" if code == 0 else detail, rank_exits=exits)
+            n.final = NodeStatus(n.name, code, detail if code else "", rank_exits=tuple(exits))
 
     def _ended(self, n: _Node, exc: BaseException, *, while_: str) -> None:
         """Name what ended a node whose actor call failed: its machine, its actor, or
@@ -603,12 +598,3 @@ class RayBackend:
                     lines = None
             return (n.notes + list(lines or []))[-num_lines:]
         return []
-
-
-def _rank_exits(records: list[bytes]) -> Iterator[RankExit]:
-    """The exit records a node sent that parse (the job writes their directory)."""
-    for raw in records:
-        try:
-            yield RankExit.model_validate_json(raw)
-        except ValueError:
-            continue

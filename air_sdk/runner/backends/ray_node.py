@@ -79,7 +79,7 @@ class RayNodeAgent:
         >>> port = agent.prepare(bundle_bytes, sha256, None, "", launch)  # doctest: +SKIP
         >>> agent.start("10.0.0.1", port)  # doctest: +SKIP
         >>> agent.watch()  # blocks until a rank fails or all ended  # doctest: +SKIP
-        (0, 'every rank exited 0', [b'{"rank": 0, "exit_code": 0, ...}'])
+        (0, 'every rank exited 0', [RankExit(rank=0, exit_code=0, ...)])
     """
 
     def __init__(self, job_id: str, node: str) -> None:
@@ -155,9 +155,9 @@ class RayNodeAgent:
 
     def watch(
         self, timeout_s: float | None = None, started: Any = None
-    ) -> tuple[int | None, str, list[bytes]]:
+    ) -> tuple[int | None, str, list[Any]]:
         """Block until a rank fails or every rank ended: (exit status, what happened,
-        the exit records of this node's ranks so far, JSON). (None, "", []) if
+        the exit records (`RankExit`) of this node's ranks so far). (None, "", []) if
         `timeout_s` passed first. The records come with the verdict because they live on
         this node: the ranks' own reports of their exits reach the gateway later, so a
         runner that diagnosed the failure from those alone could find none yet and blame
@@ -166,7 +166,24 @@ class RayNodeAgent:
         concurrently: a watch that ran first would report the previous attempt's stop,
         "rank 0 was killed by SIGTERM")."""
         code, detail = self._runner.wait(timeout_s)
-        return code, detail, self._runner.exit_records() if code is not None else []
+        return code, detail, self.exit_records() if code is not None else []
+
+    def exit_records(self) -> list[Any]:
+        """The `RankExit`s this attempt's ranks left on this node (`ATTEMPT_DIR/exits/`,
+        each written before the verdict counts its rank); one that does not parse is
+        skipped (the job writes that directory)."""
+        from air_sdk.runner.node.records import exit_records
+        from air_sdk.schema import RankExit
+
+        if self._launch is None:
+            return []
+        found = []
+        for raw, _ in exit_records(Path(self._launch.attempt_dir)):
+            try:
+                found.append(RankExit.model_validate_json(raw))
+            except ValueError:
+                continue
+        return found
 
     def stop(self, grace_s: float) -> list[str]:
         """SIGTERM every rank's process group, SIGKILL what is left after `grace_s`;

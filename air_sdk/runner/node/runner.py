@@ -43,13 +43,7 @@ from air_sdk.runner.node import _procs
 from air_sdk.runner.node._warm import WarmPool
 from air_sdk.runner.node.launch import NodeLaunch, RankLaunch
 from air_sdk.runner.node.limits import LimitWatch, explain_exit, rlimit_arg
-from air_sdk.runner.node.records import (
-    RankRecord,
-    exit_records,
-    failure_marks,
-    log_tail,
-    open_node_log,
-)
+from air_sdk.runner.node.records import RankRecord, failure_marks, log_tail, open_node_log
 from air_sdk.runner.node.reporter import RankReporter
 from air_sdk.runner.node.sandbox import sandboxed_returncode, wrap
 from air_sdk.runtime._flight_recorder import trace_env
@@ -295,12 +289,6 @@ class NodeRunner:
         """The files this node's ranks left under `ATTEMPT_DIR/failure-saves/`."""
         launch = self._launch
         return failure_marks(Path(launch.attempt_dir)) if launch else []
-
-    def exit_records(self) -> list[bytes]:
-        """The exit records this attempt's ranks have on this node (`ATTEMPT_DIR/exits/`,
-        each written before the verdict counts its rank), as JSON bytes."""
-        launch = self._launch
-        return [raw for raw, _ in exit_records(Path(launch.attempt_dir))] if launch else []
 
     def log_tail(self, num_lines: int = 20) -> list[str]:
         """The last lines of this attempt's node log (the ranks' output and ours)."""
