@@ -134,6 +134,9 @@ def test_a_job_reads_neither_the_gateways_files_nor_another_jobs_secrets(sandbox
         assert (home / "token").is_file() and (home / "air.db").is_file()
         assert (home / "secrets" / f"{victim.id}.json").is_file()
         assert key.encode() in Path(f"/proc/{inner}/environ").read_bytes()
+        # running (its rank reported) before the attack, so "still running" after means
+        # unharmed; a busy host can take longer than the attack to get its first report in
+        wait_for(lambda: victim.status() is JobState.RUNNING, 120, "the victim running")
 
         attacker = gateway.submit_script(
             tmp_path / "attacker" / "train.py", args=[str(home), victim.id, str(outer), str(inner)]
