@@ -22,6 +22,7 @@ from air_sdk.runner.failure_saves import wait_for_failure_saves
 from air_sdk.runner.flight_recorder import hang_report
 from air_sdk.runner.job_files import JobPaths, entrypoint_of, prepare_code
 from air_sdk.runner.node.plan import attempt_worker
+from air_sdk.runner.node.records import rank_exits
 from air_sdk.runner.node_health import NodeHealthBook
 from air_sdk.runner.policy import (
     FailureAction,
@@ -565,12 +566,7 @@ class JobController:
             e = ev.payload_as(RankExit)
             exits[e.rank] = (e.ended_at or ev.ts, e)
         # read by fd, links and FIFOs skipped: the job writes this directory
-        for raw, mtime in self.paths.exit_records(self.attempt):
-            try:
-                e = RankExit.model_validate_json(raw)
-            except ValueError:
-                continue
-            found.append((e, e.ended_at or mtime))
+        found += rank_exits(self.paths.exit_records(self.attempt))
         for e, ts in found:
             if e.rank not in exits or ts < exits[e.rank][0]:
                 exits[e.rank] = (ts, e)

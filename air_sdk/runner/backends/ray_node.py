@@ -172,18 +172,11 @@ class RayNodeAgent:
         """The `RankExit`s this attempt's ranks left on this node (`ATTEMPT_DIR/exits/`,
         each written before the verdict counts its rank); one that does not parse is
         skipped (the job writes that directory)."""
-        from air_sdk.runner.node.records import exit_records
-        from air_sdk.schema import RankExit
+        from air_sdk.runner.node.records import exit_records, rank_exits
 
         if self._launch is None:
             return []
-        found = []
-        for raw, _ in exit_records(Path(self._launch.attempt_dir)):
-            try:
-                found.append(RankExit.model_validate_json(raw))
-            except ValueError:
-                continue
-        return found
+        return [e for e, _ in rank_exits(exit_records(Path(self._launch.attempt_dir)))]
 
     def stop(self, grace_s: float) -> list[str]:
         """SIGTERM every rank's process group, SIGKILL what is left after `grace_s`;

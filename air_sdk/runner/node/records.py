@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +36,7 @@ __all__ = [
     "RunnerRecord",
     "exit_records",
     "failure_marks",
+    "rank_exits",
     "log_tail",
     "open_node_log",
     "read_json",
@@ -154,6 +155,26 @@ def exit_records(base: Path, exits: str = "exits") -> Iterator[tuple[bytes, floa
                 continue
     finally:
         os.close(folder)
+
+
+def rank_exits(records: Iterable[tuple[bytes, float]]) -> Iterator[tuple[Any, float]]:
+    """(`RankExit`, when it ended: its `ended_at`, else its file's mtime) of each of
+    `records` (`exit_records`' pairs) that parses; one that does not is skipped (the job
+    writes their directory). The schema is imported here, so this module stays light to
+    import.
+
+    Example:
+        >>> list(rank_exits(exit_records(Path("/nonexistent"))))
+        []
+    """
+    from air_sdk.schema import RankExit
+
+    for raw, mtime in records:
+        try:
+            e = RankExit.model_validate_json(raw)
+        except ValueError:
+            continue
+        yield e, e.ended_at or mtime
 
 
 def failure_marks(attempt_dir: Path) -> list[str]:
